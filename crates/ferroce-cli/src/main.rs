@@ -1,0 +1,50 @@
+//! `ferroce`: the command-line face of ferroce.
+//!
+//! The binary holds no protocol logic: each subcommand parses its arguments, calls the library
+//! crates and prints. Errors are one line on stderr and a non-zero exit, never a backtrace.
+#![warn(missing_docs)]
+
+mod decode;
+mod sim;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A userspace RDMA stack speaking RoCE v2.
+#[derive(Debug, Parser)]
+#[command(name = "ferroce", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Decode the RoCE v2 packets of a pcap file, one line each, checking every ICRC.
+    Decode(decode::DecodeArgs),
+    /// Run the RC transport through a seeded, lossy, simulated network and check its promises.
+    Sim(sim::SimArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Decode(args) => decode::run(&args),
+        Command::Sim(args) => sim::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("ferroce: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}

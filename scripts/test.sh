@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole ferroce test suite, from a fresh Debian machine with only the Rust toolchain.
+# Installs what the tests need (tshark, as an independent decoder to compare against), then runs
+# formatting, lint and every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v tshark >/dev/null 2>&1 || need_pkgs+=(tshark)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "== installing ${need_pkgs[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections || true
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+command -v tshark >/dev/null || { echo "tshark is required by the tests and could not be installed" >&2; exit 1; }
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace --all-targets
+cargo test --workspace --doc
