@@ -21,7 +21,7 @@
 use crate::bth;
 use crate::{Result, WireError};
 
-const LRH_ONES: [u8; 8] = [0xff; 8];
+const LRH_ONES_LEN: usize = 8;
 const UDP_HEADER_LEN: usize = 8;
 const MAX_IPV4_HEADER: usize = 60;
 const IPV6_HEADER_LEN: usize = 40;
@@ -32,7 +32,9 @@ const IPV6_HEADER_LEN: usize = 40;
 /// 8-byte UDP header, and `covered` the transport packet from the BTH up to (not including) the
 /// ICRC.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], covered: &[u8]) -> Result<u32> {
-    let mut masked = [0u8; MAX_IPV4_HEADER + UDP_HEADER_LEN + bth::LEN];
+    // One buffer for everything that is masked, so the CRC sees it in a single update.
+    let mut buf = [0xffu8; LRH_ONES_LEN + MAX_IPV4_HEADER + UDP_HEADER_LEN + bth::LEN];
+    let masked = &mut buf[LRH_ONES_LEN..];
     let ip_len = ip_header.len();
     let version = ip_header.first().map(|b| b >> 4);
     match version {
@@ -75,8 +77,7 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], covered: &[u8]) -> Result<u3
     n += bth::LEN;
 
     let mut h = crc32fast::Hasher::new();
-    h.update(&LRH_ONES);
-    h.update(&masked[..n]);
+    h.update(&buf[..LRH_ONES_LEN + n]);
     h.update(&covered[bth::LEN..]);
     Ok(h.finalize())
 }
