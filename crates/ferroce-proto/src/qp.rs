@@ -1,0 +1,494 @@
+//! The reliable-connection queue pair: its state machine and its sans-IO interface.
+//!
+//! # Driving a queue pair
+//! The QP is a value that is driven, like quinn-proto's `Connection`. In a loop:
+//! 1. application commands: [`QueuePair::post_send`], [`QueuePair::post_recv`], the `modify_*`
+//!    transitions;
+//! 2. inputs: [`QueuePair::handle_packet`] for every packet addressed to the QP, and
+//!    [`QueuePair::handle_timeout`] once [`QueuePair::next_timeout`] has passed;
+//! 3. outputs: [`QueuePair::poll_transmit`] until it returns `None`, then
+//!    [`QueuePair::poll_completion`] until it returns `None`.
+//!
+//! Nothing inside reads a clock, waits or does I/O. Memory is reached through the [`Memory`]
+//! trait, passed into each call that needs it.
+//!
+//! # Parts
+//! The send side is the [`crate::requester`] (segmentation, PSNs, retransmission) and its
+//! completer (ACK/NAK and response handling); the receive side is the [`crate::responder`].
+
+use std::collections::VecDeque;
+use std::net::Ipv6Addr;
+
+use ferroce_wire::opcode::Operation;
+use ferroce_wire::{PacketRepr, Psn, RocePacket, WireError};
+
+use crate::attr::{
+    ack_timeout, InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr, MAX_MESSAGE_LEN,
+};
+use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::counters::Counters;
+use crate::memory::{Access, Memory};
+use crate::requester::Requester;
+use crate::responder::Responder;
+use crate::time::Instant;
+use crate::wr::{RecvWr, SendWr};
+
+/// The states of a queue pair (IBTA 10.3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Just created or reset: nothing is processed.
+    Reset,
+    /// Receives may be posted; nothing is processed yet.
+    Init,
+    /// Ready to receive: requests from the peer are served.
+    Rtr,
+    /// Ready to send: the full RC protocol runs.
+    Rts,
+    /// Send queue drain: no new send requests start; those under way finish.
+    Sqd,
+    /// Send queue error (an unreliable-transport state; an RC QP goes to `Error` instead).
+    Sqe,
+    /// Error: every outstanding request is flushed.
+    Error,
+}
+
+impl QpState {
+    /// rdma-core's name for the state.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Error => "ERR",
+        }
+    }
+}
+
+/// The connection's parameters, fixed by the transitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    pub qpn: u32,
+    pub pd: u32,
+    pub access: Access,
+    pub pkey: u16,
+    pub mtu: u32,
+    pub dest_qpn: u32,
+    pub dest_gid: Ipv6Addr,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+}
+
+/// What the requester and responder share with the QP during one call.
+pub(crate) struct Ctx<'a> {
+    pub p: &'a Params,
+    pub state: QpState,
+    pub counters: &'a mut Counters,
+    pub mem: &'a mut dyn Memory,
+    /// Set when the call hit an error that moves the QP to `Error`.
+    pub fatal: bool,
+}
+
+/// Pending receive completions of the responder and send completions of the requester are
+/// merged in the QP's completion queue in the order they happen.
+pub(crate) type CompletionQueue = VecDeque<WorkCompletion>;
+
+/// An RC queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    params: Params,
+    caps: QpCaps,
+    state: QpState,
+    pub(crate) req: Requester,
+    pub(crate) resp: Responder,
+    completions: CompletionQueue,
+    counters: Counters,
+}
+
+impl QueuePair {
+    /// A new QP in the RESET state.
+    pub fn new(qpn: u32, pd: u32, caps: QpCaps) -> QueuePair {
+        QueuePair {
+            params: Params {
+                qpn: qpn & 0x00ff_ffff,
+                pd,
+                access: Access::NONE,
+                pkey: ferroce_wire::bth::DEFAULT_PKEY,
+                mtu: 1024,
+                dest_qpn: 0,
+                dest_gid: Ipv6Addr::UNSPECIFIED,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+            },
+            caps,
+            state: QpState::Reset,
+            req: Requester::default(),
+            resp: Responder::default(),
+            completions: VecDeque::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    // ---- getters ------------------------------------------------------------------------
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.params.qpn
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> u32 {
+        self.params.pd
+    }
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// The peer's QP number (meaningful from RTR on).
+    pub fn dest_qpn(&self) -> u32 {
+        self.params.dest_qpn
+    }
+    /// The peer's GID (meaningful from RTR on).
+    pub fn dest_gid(&self) -> Ipv6Addr {
+        self.params.dest_gid
+    }
+    /// Path MTU in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.params.mtu
+    }
+    /// Counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    /// Send requests posted and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.req.len()
+    }
+    /// Receive requests posted and not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.resp.rq_len()
+    }
+    /// The next PSN this QP will give a new request.
+    pub fn next_send_psn(&self) -> Psn {
+        self.req.next_psn()
+    }
+    /// The oldest PSN this QP sent that is not yet acknowledged.
+    pub fn unacked_psn(&self) -> Psn {
+        self.req.una()
+    }
+    /// The PSN this QP expects next from its peer.
+    pub fn expected_psn(&self) -> Psn {
+        self.resp.expected_psn()
+    }
+    /// Whether the send queue is drained: nothing posted is waiting or unacknowledged.
+    pub fn is_send_queue_empty(&self) -> bool {
+        self.req.len() == 0
+    }
+
+    // ---- state transitions --------------------------------------------------------------
+
+    fn transition(&self, to: QpState, allowed_from: &[QpState]) -> Result<(), QpError> {
+        if allowed_from.contains(&self.state) {
+            Ok(())
+        } else {
+            Err(QpError::InvalidTransition {
+                from: self.state,
+                to,
+            })
+        }
+    }
+
+    /// RESET → INIT (or INIT → INIT to change the access flags).
+    pub fn modify_to_init(&mut self, attr: &InitAttr) -> Result<(), QpError> {
+        self.transition(QpState::Init, &[QpState::Reset, QpState::Init])?;
+        if attr.pkey_index != 0 {
+            return Err(QpError::InvalidAttribute {
+                name: "pkey_index",
+                value: attr.pkey_index.into(),
+            });
+        }
+        if attr.port != 1 {
+            return Err(QpError::InvalidAttribute {
+                name: "port_num",
+                value: attr.port.into(),
+            });
+        }
+        self.params.access = attr.access;
+        self.state = QpState::Init;
+        Ok(())
+    }
+
+    /// INIT → RTR: the QP starts serving the peer's requests.
+    pub fn modify_to_rtr(&mut self, attr: &RtrAttr) -> Result<(), QpError> {
+        self.transition(QpState::Rtr, &[QpState::Init])?;
+        attr.validate()?;
+        self.params.mtu = attr.path_mtu.bytes();
+        self.params.dest_qpn = attr.dest_qpn;
+        self.params.dest_gid = attr.dest_gid;
+        self.params.max_dest_rd_atomic = attr.max_dest_rd_atomic.max(1);
+        self.params.min_rnr_timer = attr.min_rnr_timer;
+        self.resp.start(attr.rq_psn);
+        self.state = QpState::Rtr;
+        Ok(())
+    }
+
+    /// RTR → RTS: the QP starts sending.
+    pub fn modify_to_rts(&mut self, attr: &RtsAttr) -> Result<(), QpError> {
+        self.transition(QpState::Rts, &[QpState::Rtr])?;
+        attr.validate()?;
+        self.params.timeout = attr.timeout;
+        self.params.retry_cnt = attr.retry_cnt;
+        self.params.rnr_retry = attr.rnr_retry;
+        self.params.max_rd_atomic = attr.max_rd_atomic.max(1);
+        self.req.start(attr.sq_psn, &self.params);
+        self.state = QpState::Rts;
+        Ok(())
+    }
+
+    /// RTS → SQD: stop starting new send requests; those under way complete.
+    pub fn modify_to_sqd(&mut self) -> Result<(), QpError> {
+        self.transition(QpState::Sqd, &[QpState::Rts, QpState::Sqd])?;
+        self.state = QpState::Sqd;
+        Ok(())
+    }
+
+    /// SQD or SQE → RTS: resume sending.
+    pub fn modify_sqd_to_rts(&mut self) -> Result<(), QpError> {
+        self.transition(QpState::Rts, &[QpState::Sqd, QpState::Sqe])?;
+        self.state = QpState::Rts;
+        Ok(())
+    }
+
+    /// Any state → ERR: every outstanding work request completes with the flush status.
+    pub fn modify_to_error(&mut self) {
+        self.enter_error();
+    }
+
+    /// Any state → RESET: everything is discarded without completions.
+    pub fn reset(&mut self) {
+        self.state = QpState::Reset;
+        self.req = Requester::default();
+        self.resp = Responder::default();
+        self.completions.clear();
+    }
+
+    /// Changes the path MTU (allowed in RTR, RTS and SQD; takes effect for new messages).
+    pub fn set_path_mtu(&mut self, mtu: PathMtu) -> Result<(), QpError> {
+        self.transition(self.state, &[QpState::Rtr, QpState::Rts, QpState::Sqd])?;
+        self.params.mtu = mtu.bytes();
+        Ok(())
+    }
+
+    fn enter_error(&mut self) {
+        self.state = QpState::Error;
+        self.req.flush(&self.params, &mut self.completions);
+        self.resp.flush(&self.params, &mut self.completions);
+    }
+
+    // ---- application commands ----------------------------------------------------------
+
+    /// Posts a send work request (the doorbell). In ERR the request completes at once with
+    /// the flush status, as the IBTA requires.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        match self.state {
+            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error => {}
+            s => return Err(PostError::InvalidState(s)),
+        }
+        if self.req.len() >= self.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull(self.caps.max_send_wr));
+        }
+        if wr.sgl.len() > self.caps.max_send_sge as usize {
+            return Err(PostError::TooManySge {
+                given: wr.sgl.len(),
+                max: self.caps.max_send_sge,
+            });
+        }
+        if let Some(d) = &wr.inline_data {
+            let allowed =
+                !wr.op.is_read_or_atomic() && d.len() <= self.caps.max_inline_data as usize;
+            if !allowed {
+                return Err(PostError::InlineNotAllowed {
+                    given: d.len(),
+                    max: self.caps.max_inline_data,
+                });
+            }
+        }
+        if wr.op.is_atomic() && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) {
+            return Err(PostError::BadAtomicBuffer);
+        }
+        if wr.data_len() > MAX_MESSAGE_LEN {
+            return Err(PostError::MessageTooLong(wr.data_len()));
+        }
+        if self.state == QpState::Error {
+            self.completions
+                .push_back(crate::requester::flushed(&self.params, &wr));
+            return Ok(());
+        }
+        self.req.push(wr);
+        Ok(())
+    }
+
+    /// Posts a receive work request. In ERR it completes at once with the flush status.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if self.resp.rq_len() >= self.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull(self.caps.max_recv_wr));
+        }
+        if wr.sgl.len() > self.caps.max_recv_sge as usize {
+            return Err(PostError::TooManySge {
+                given: wr.sgl.len(),
+                max: self.caps.max_recv_sge,
+            });
+        }
+        if self.state == QpState::Error {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WorkRequestFlushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm_data: None,
+                invalidated_rkey: None,
+                qp_num: self.params.qpn,
+                solicited: false,
+            });
+            return Ok(());
+        }
+        self.resp.push_recv(wr);
+        Ok(())
+    }
+
+    // ---- inputs -----------------------------------------------------------------------
+
+    /// Handles a transport packet (BTH to ICRC) addressed to this QP. The ICRC must already
+    /// have been checked by the caller, which knows the IP and UDP headers.
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        bytes: &[u8],
+    ) -> Result<(), WireError> {
+        let pkt = RocePacket::new_checked(bytes)?;
+        let repr = PacketRepr::parse(&pkt)?;
+        let info = repr.info()?;
+        let is_response = matches!(
+            info.operation,
+            Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse
+        );
+        let serves = if is_response {
+            matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
+        } else {
+            matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+        };
+        if !serves || info.transport != ferroce_wire::opcode::Transport::Rc {
+            self.counters.dropped_bad_state += 1;
+            return Ok(());
+        }
+        self.counters.rcvd_pkts += 1;
+        self.counters.rcvd_bytes += repr.payload_len as u64;
+        let mut ctx = Ctx {
+            p: &self.params,
+            state: self.state,
+            counters: &mut self.counters,
+            mem,
+            fatal: false,
+        };
+        if is_response {
+            self.req
+                .handle_response(&mut ctx, now, &repr, pkt.payload(), &mut self.completions);
+        } else {
+            self.resp
+                .handle_request(&mut ctx, &repr, pkt.payload(), &mut self.completions);
+        }
+        if ctx.fatal {
+            self.enter_error();
+        }
+        Ok(())
+    }
+
+    /// Handles the expiry of the timers [`Self::next_timeout`] announced.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        if self
+            .req
+            .handle_timeout(&self.params, &mut self.counters, now)
+        {
+            self.enter_error();
+        }
+    }
+
+    // ---- outputs ------------------------------------------------------------------------
+
+    /// When [`Self::handle_timeout`] should be called next, if ever.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        self.req.next_timeout()
+    }
+
+    /// Writes the next packet to send into `buf` (BTH to ICRC; the ICRC bytes are left zero
+    /// for the caller, which knows the IP and UDP headers it covers) and returns its length.
+    /// `buf` must hold the path MTU plus [`MAX_HEADER_LEN`].
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let mut ctx = Ctx {
+            p: &self.params,
+            state: self.state,
+            counters: &mut self.counters,
+            mem,
+            fatal: false,
+        };
+        // Responses first: they free the peer's resources and carry its completions.
+        let mut out = self.resp.poll_transmit(&mut ctx, buf);
+        if out.is_none() && matches!(self.state, QpState::Rts | QpState::Sqd) {
+            out = self
+                .req
+                .poll_transmit(&mut ctx, now, buf, &mut self.completions);
+        }
+        let fatal = ctx.fatal;
+        if let Some(n) = out {
+            self.counters.sent_pkts += 1;
+            if let Ok(p) = RocePacket::new_checked(&buf[..n]) {
+                self.counters.sent_bytes += p.payload_len() as u64;
+            }
+        }
+        if fatal {
+            self.enter_error();
+        }
+        out
+    }
+
+    /// The next work completion, in the order the IBTA requires (posting order per queue).
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// The local ACK timeout in force.
+    pub fn ack_timeout(&self) -> Option<core::time::Duration> {
+        ack_timeout(self.params.timeout)
+    }
+}
+
+/// Room for the largest header stack a QP emits (BTH + RETH + ImmDt, or BTH + AtomicETH) and
+/// the ICRC, beyond the path MTU of payload.
+pub const MAX_HEADER_LEN: usize = 12 + 28 + 4 + 4;

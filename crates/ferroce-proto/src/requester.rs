@@ -1,0 +1,806 @@
+//! The requester and its completer: the send side of an RC queue pair.
+//!
+//! Posted work requests wait in the send queue. When one starts it is given its PSNs: one per
+//! packet for SEND and WRITE (the message cut into path-MTU packets), one per expected response
+//! packet for READ, one for an atomic. Packets leave while the window of unacknowledged PSNs has
+//! room and, for READ and atomics, while fewer than `max_rd_atomic` are outstanding.
+//!
+//! The completer reads the responses. An ACK retires every request up to its PSN; a READ
+//! response or atomic ACK also acknowledges the requests before it. A response that skips
+//! ahead (a READ response after a gap, an ACK past an unanswered READ) is an implied NAK. On a
+//! PSN-sequence-error NAK, an implied NAK or a local ACK timeout the requester goes back to the
+//! first unacknowledged PSN and sends everything again from there (go-back-N), counting retries
+//! against `retry_cnt` (reset whenever an acknowledgement makes progress). An RNR NAK pauses the
+//! send queue for the timer it names, counted against `rnr_retry` (7 = forever). Other NAKs
+//! complete the request in error and move the QP to ERR.
+//!
+//! Completions leave in posting order: a request that is done waits until all before it are.
+
+use std::collections::VecDeque;
+
+use ferroce_wire::aeth::{rnr_timer_micros, NakCode, Syndrome};
+use ferroce_wire::atomic_eth::AtomicEthRepr;
+use ferroce_wire::ieth::IethRepr;
+use ferroce_wire::immdt::ImmDtRepr;
+use ferroce_wire::opcode::Position;
+use ferroce_wire::reth::RethRepr;
+use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn};
+
+use crate::attr::{ack_timeout, RNR_RETRY_INFINITE};
+use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::counters::Counters;
+use crate::emit;
+use crate::memory::{Access, KeyKind, Memory};
+use crate::qp::{CompletionQueue, Ctx, Params, QpState};
+use crate::responder::walk_sges;
+use crate::time::Instant;
+use crate::wr::{SendOp, SendWr};
+use core::time::Duration;
+
+/// Most PSNs that may be sent and not yet acknowledged.
+pub const MAX_UNACKED_PSNS: u32 = 1024;
+/// An ACK is requested at least every this many packets within a long message.
+pub const ACK_REQ_INTERVAL: u32 = 32;
+
+#[derive(Debug)]
+struct SendWqe {
+    wr: SendWr,
+    len: u64,
+    started: bool,
+    first_psn: Psn,
+    /// PSNs the request occupies.
+    npsn: u32,
+    /// PSNs covered by what was transmitted in the current pass (for READ: by the request).
+    sent: u32,
+    /// Highest `sent` ever, to tell retransmissions from first transmissions.
+    high_sent: u32,
+    /// PSNs acknowledged (for READ: response packets received).
+    acked: u32,
+    result: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn contains(&self, psn: Psn) -> bool {
+        self.started && psn.distance_from(self.first_psn) < self.npsn
+    }
+    fn outstanding(&self) -> bool {
+        self.started && self.result.is_none() && self.sent > self.acked
+    }
+}
+
+fn packets_for(len: u64, mtu: u32) -> u32 {
+    (len.div_ceil(u64::from(mtu))).max(1) as u32
+}
+
+fn wc_opcode(op: SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInvalidate(_) => WcOpcode::Send,
+        SendOp::Write | SendOp::WriteWithImm(_) => WcOpcode::RdmaWrite,
+        SendOp::Read => WcOpcode::RdmaRead,
+        SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+/// The completion of a request flushed without being started.
+pub(crate) fn flushed(p: &Params, wr: &SendWr) -> WorkCompletion {
+    completion(p, wr, WcStatus::WorkRequestFlushed, 0)
+}
+
+fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: wr.wr_id,
+        status,
+        opcode: wc_opcode(wr.op),
+        byte_len: if status == WcStatus::Success {
+            byte_len as u32
+        } else {
+            0
+        },
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: p.qpn,
+        solicited: false,
+    }
+}
+
+/// The send side of a QP.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    sq: VecDeque<SendWqe>,
+    /// PSN the next request to start gets.
+    next_psn: Psn,
+    /// Index in `sq` of the first request with packets left to send.
+    cursor: usize,
+    /// Oldest PSN not yet acknowledged.
+    una: Psn,
+    retry_left: u8,
+    rnr_retry_left: u8,
+    /// Local ACK timeout deadline while requests are outstanding.
+    timer: Option<Instant>,
+    /// End of an RNR back-off.
+    rnr_until: Option<Instant>,
+    /// Packets sent since the last one that asked for an ACK.
+    since_ack_req: u32,
+    /// PSN of the last go-back, until progress is made: a second trigger for the same gap is
+    /// ignored, so one loss costs one retransmission pass, not one per later packet.
+    gone_back_to: Option<Psn>,
+}
+
+impl Requester {
+    pub fn start(&mut self, sq_psn: Psn, p: &Params) {
+        self.next_psn = sq_psn;
+        self.una = sq_psn;
+        self.retry_left = p.retry_cnt;
+        self.rnr_retry_left = p.rnr_retry;
+    }
+
+    pub fn len(&self) -> usize {
+        self.sq.len()
+    }
+
+    pub fn next_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    pub fn push(&mut self, wr: SendWr) {
+        let len = wr.data_len();
+        self.sq.push_back(SendWqe {
+            wr,
+            len,
+            started: false,
+            first_psn: Psn::new(0),
+            npsn: 0,
+            sent: 0,
+            high_sent: 0,
+            acked: 0,
+            result: None,
+        });
+    }
+
+    pub fn next_timeout(&self) -> Option<Instant> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn arm(&mut self, p: &Params, now: Instant) {
+        self.timer = ack_timeout(p.timeout).map(|d| now + d);
+    }
+
+    fn any_outstanding(&self) -> bool {
+        self.sq.iter().any(SendWqe::outstanding)
+    }
+
+    /// Completes every request at the front that is done, in posting order.
+    fn retire(&mut self, p: &Params, cq: &mut CompletionQueue) {
+        while let Some(w) = self.sq.front() {
+            let Some(status) = w.result else { break };
+            if status != WcStatus::Success || w.wr.flags.signaled {
+                cq.push_back(completion(p, &w.wr, status, w.len));
+            }
+            self.sq.pop_front();
+            self.cursor = self.cursor.saturating_sub(1);
+        }
+    }
+
+    /// Flushes the queue on entering ERR: requests that failed keep their status, the rest
+    /// complete with the flush status, in posting order.
+    pub fn flush(&mut self, p: &Params, cq: &mut CompletionQueue) {
+        for w in self.sq.drain(..) {
+            let status = w.result.unwrap_or(WcStatus::WorkRequestFlushed);
+            if status != WcStatus::Success || w.wr.flags.signaled {
+                cq.push_back(completion(p, &w.wr, status, w.len));
+            }
+        }
+        self.cursor = 0;
+        self.timer = None;
+        self.rnr_until = None;
+    }
+
+    /// Marks the request holding `psn` (or the oldest unfinished one) as failed.
+    fn fail_at(&mut self, psn: Psn, status: WcStatus) {
+        let idx = self
+            .sq
+            .iter()
+            .position(|w| w.result.is_none() && w.contains(psn))
+            .or_else(|| self.sq.iter().position(|w| w.result.is_none()));
+        if let Some(i) = idx {
+            self.sq[i].result = Some(status);
+        }
+    }
+
+    /// Rewinds transmission to `psn`: the request holding it resends from there (a READ or
+    /// atomic from its first unanswered PSN), every later started request from its start.
+    fn go_back(&mut self, psn: Psn) {
+        let mut first = None;
+        for (i, w) in self.sq.iter_mut().enumerate() {
+            if w.result.is_some() || !w.started {
+                continue;
+            }
+            let resume = if !w.wr.op.is_read_or_atomic() && w.contains(psn) {
+                psn.distance_from(w.first_psn).max(w.acked)
+            } else {
+                w.acked
+            };
+            w.sent = w.sent.min(resume);
+            if w.sent < w.npsn && first.is_none() {
+                first = Some(i);
+            }
+        }
+        if let Some(i) = first {
+            self.cursor = self.cursor.min(i);
+        }
+        self.gone_back_to = Some(psn);
+    }
+
+    /// Retries from `psn` after a sequence-error NAK, an implied NAK or a timeout. Returns
+    /// `true` when the retry budget is spent (the request failed, the QP must go to ERR).
+    fn retry(&mut self, counters: &mut Counters, psn: Psn) -> bool {
+        if self.gone_back_to == Some(psn) {
+            return false;
+        }
+        if self.retry_left == 0 {
+            counters.retry_exceeded_err += 1;
+            self.fail_at(psn, WcStatus::TransportRetryExceeded);
+            return true;
+        }
+        self.retry_left -= 1;
+        self.go_back(psn);
+        false
+    }
+
+    fn progress(&mut self, p: &Params, now: Instant) {
+        self.retry_left = p.retry_cnt;
+        self.rnr_retry_left = p.rnr_retry;
+        self.gone_back_to = None;
+        if self.any_outstanding() {
+            self.arm(p, now);
+        } else {
+            self.timer = None;
+        }
+    }
+
+    /// Acknowledges every PSN before `end` (exclusive). Returns `false` if a READ or atomic
+    /// before `end` is still unanswered: its answer was lost (an implied NAK), and transmission
+    /// has been rewound to it.
+    fn ack_before(&mut self, ctx: &mut Ctx<'_>, now: Instant, end: Psn) -> bool {
+        let mut moved = false;
+        let mut implied_nak = None;
+        for w in self.sq.iter_mut() {
+            if w.result.is_some() {
+                continue;
+            }
+            if !w.started || !w.first_psn.is_before(end) {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                // An acknowledgement beyond an unanswered READ/atomic PSN: that answer was lost.
+                let unanswered = w.first_psn.add(w.acked);
+                if unanswered.is_before(end) {
+                    implied_nak = Some(unanswered);
+                }
+                break;
+            }
+            let covered = end.distance_from(w.first_psn).min(w.npsn);
+            if covered > w.acked {
+                w.acked = covered;
+                // An ACK from before a rewind may cover packets the rewind meant to resend.
+                w.sent = w.sent.max(w.acked);
+                moved = true;
+            }
+            if w.acked == w.npsn {
+                w.result = Some(WcStatus::Success);
+            }
+        }
+        let new_una = match implied_nak {
+            Some(p) => p,
+            None => end,
+        };
+        if new_una.is_after(self.una) {
+            self.una = new_una;
+            moved = true;
+        }
+        if moved {
+            self.progress(ctx.p, now);
+        }
+        if let Some(psn) = implied_nak {
+            if self.retry(ctx.counters, psn) {
+                ctx.fatal = true;
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Handles an ACKNOWLEDGE, ATOMIC ACKNOWLEDGE or READ response.
+    pub fn handle_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+        repr: &PacketRepr,
+        payload: &[u8],
+        cq: &mut CompletionQueue,
+    ) {
+        let psn = repr.bth.psn;
+        // Only PSNs in [una, next_psn) can be answered.
+        if psn.is_before(self.una) || !psn.is_before(self.next_psn) {
+            ctx.counters.duplicate_response += 1;
+            return;
+        }
+        let op = repr.bth.opcode;
+        if op == Opcode::RC_ACKNOWLEDGE {
+            let Some(aeth) = repr.ext.aeth else { return };
+            match aeth.syndrome {
+                Syndrome::Ack { .. } => {
+                    self.ack_before(ctx, now, psn.next());
+                }
+                Syndrome::RnrNak { timer } => {
+                    ctx.counters.rcvd_rnr_err += 1;
+                    if self.ack_before(ctx, now, psn) {
+                        if self.rnr_retry_left == 0 {
+                            ctx.counters.retry_rnr_exceeded_err += 1;
+                            self.fail_at(psn, WcStatus::RnrRetryExceeded);
+                            ctx.fatal = true;
+                        } else {
+                            if ctx.p.rnr_retry != RNR_RETRY_INFINITE {
+                                self.rnr_retry_left -= 1;
+                            }
+                            let wait = Duration::from_micros(rnr_timer_micros(timer).into());
+                            self.rnr_until = Some(now + wait);
+                            self.timer = None;
+                            self.go_back(psn);
+                            self.gone_back_to = None;
+                        }
+                    }
+                }
+                Syndrome::Nak(NakCode::PsnSequenceError) => {
+                    ctx.counters.rcvd_seq_err += 1;
+                    if self.ack_before(ctx, now, psn) && self.retry(ctx.counters, psn) {
+                        ctx.fatal = true;
+                    }
+                }
+                Syndrome::Nak(code) => {
+                    if self.ack_before(ctx, now, psn) {
+                        let status = match code {
+                            NakCode::RemoteAccessError => WcStatus::RemoteAccessError,
+                            NakCode::RemoteOperationalError => WcStatus::RemoteOperationalError,
+                            _ => WcStatus::RemoteInvalidRequestError,
+                        };
+                        self.fail_at(psn, status);
+                        ctx.fatal = true;
+                    }
+                }
+                Syndrome::Reserved(_) => ctx.counters.duplicate_response += 1,
+            }
+        } else if op == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+            self.atomic_ack(ctx, now, repr);
+        } else {
+            self.read_response(ctx, now, repr, payload);
+        }
+        self.retire(ctx.p, cq);
+    }
+
+    fn atomic_ack(&mut self, ctx: &mut Ctx<'_>, now: Instant, repr: &PacketRepr) {
+        let psn = repr.bth.psn;
+        let (Some(orig), Some(aeth)) = (repr.ext.atomic_ack_eth, repr.ext.aeth) else {
+            return;
+        };
+        if !aeth.syndrome.is_ack() {
+            ctx.counters.duplicate_response += 1;
+            return;
+        }
+        if !self.ack_before(ctx, now, psn) {
+            return;
+        }
+        let Some(w) = self
+            .sq
+            .iter_mut()
+            .find(|w| w.result.is_none() && w.contains(psn))
+        else {
+            ctx.counters.duplicate_response += 1;
+            return;
+        };
+        if !w.wr.op.is_atomic() || w.acked != 0 {
+            ctx.counters.duplicate_response += 1;
+            return;
+        }
+        let sge = w.wr.sgl[0];
+        let value = orig.original.to_ne_bytes();
+        w.acked = 1;
+        w.sent = 1;
+        w.result = Some(
+            match ctx.mem.write(
+                ctx.p.pd,
+                KeyKind::Local,
+                sge.lkey,
+                sge.addr,
+                &value,
+                Access::LOCAL_WRITE,
+            ) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => {
+                    ctx.fatal = true;
+                    WcStatus::LocalProtectionError
+                }
+            },
+        );
+        self.una = psn.next();
+        self.progress(ctx.p, now);
+    }
+
+    fn read_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+        repr: &PacketRepr,
+        payload: &[u8],
+    ) {
+        let psn = repr.bth.psn;
+        if !self.ack_before(ctx, now, psn) {
+            return;
+        }
+        let mtu = u64::from(ctx.p.mtu);
+        let Some(w) = self
+            .sq
+            .iter_mut()
+            .find(|w| w.result.is_none() && w.contains(psn))
+        else {
+            ctx.counters.duplicate_response += 1;
+            return;
+        };
+        if w.wr.op != SendOp::Read {
+            ctx.counters.duplicate_response += 1;
+            return;
+        }
+        let expected = w.first_psn.add(w.acked);
+        if psn != expected {
+            // A gap: the responses before this one were lost. Rewind to the first missing.
+            if psn.is_after(expected) && self.retry(ctx.counters, expected) {
+                ctx.fatal = true;
+            }
+            return;
+        }
+        let k = u64::from(w.acked);
+        let offset = k * mtu;
+        let want = (w.len - offset.min(w.len)).min(mtu) as usize;
+        let remaining_pkts = w.npsn - w.acked;
+        let position = repr.bth.opcode.info().map(|i| i.position);
+        let position_ok = match position {
+            Some(Position::First) => remaining_pkts > 1,
+            Some(Position::Middle) => remaining_pkts > 1,
+            Some(Position::Last) => remaining_pkts == 1,
+            Some(Position::Only) => remaining_pkts == 1,
+            None => false,
+        };
+        if !position_ok || payload.len() != want {
+            ctx.counters.duplicate_response += 1;
+            return;
+        }
+        if let Err(()) = scatter(ctx.mem, ctx.p.pd, &w.wr, offset, payload) {
+            w.result = Some(WcStatus::LocalProtectionError);
+            ctx.fatal = true;
+            return;
+        }
+        w.acked += 1;
+        w.sent = w.sent.max(w.acked);
+        if w.acked == w.npsn {
+            w.result = Some(WcStatus::Success);
+        }
+        self.una = psn.next();
+        self.progress(ctx.p, now);
+    }
+
+    /// Handles the ACK timer and the end of an RNR back-off. Returns `true` if the retry budget
+    /// ran out and the QP must go to ERR.
+    pub fn handle_timeout(&mut self, p: &Params, counters: &mut Counters, now: Instant) -> bool {
+        if self.rnr_until.is_some_and(|t| t <= now) {
+            self.rnr_until = None;
+        }
+        if self.timer.is_some_and(|t| t <= now) {
+            self.timer = None;
+            if !self.any_outstanding() {
+                return false;
+            }
+            counters.completer_retry_err += 1;
+            let una = self.una;
+            // A timeout always rewinds, even to a PSN a NAK already rewound to.
+            self.gone_back_to = None;
+            if self.retry(counters, una) {
+                return true;
+            }
+            let _ = p;
+        }
+        false
+    }
+
+    fn outstanding_rd_atomic(&self, before: usize) -> usize {
+        self.sq
+            .iter()
+            .take(before)
+            .filter(|w| w.started && w.result.is_none() && w.wr.op.is_read_or_atomic())
+            .count()
+    }
+
+    /// Writes the next request packet, if one may be sent now.
+    pub fn poll_transmit(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+        buf: &mut [u8],
+        cq: &mut CompletionQueue,
+    ) -> Option<usize> {
+        if self.rnr_until.is_some() {
+            return None;
+        }
+        let p = ctx.p;
+        let mtu = p.mtu;
+        loop {
+            let i = self.cursor;
+            let w = self.sq.get(i)?;
+            if w.result.is_some() || (w.started && w.sent >= w.npsn) {
+                self.cursor += 1;
+                continue;
+            }
+            if !w.started {
+                // New requests start only in RTS.
+                if ctx.state != QpState::Rts {
+                    return None;
+                }
+                let rd_atomic = w.wr.op.is_read_or_atomic();
+                let outstanding = self.outstanding_rd_atomic(i);
+                if w.wr.flags.fence && outstanding > 0 {
+                    return None;
+                }
+                if rd_atomic && outstanding >= usize::from(p.max_rd_atomic) {
+                    return None;
+                }
+                let npsn = if w.wr.op.is_atomic() {
+                    1
+                } else {
+                    packets_for(w.len, mtu)
+                };
+                if self.next_psn.distance_from(self.una) + npsn.min(MAX_UNACKED_PSNS)
+                    > MAX_UNACKED_PSNS
+                {
+                    return None;
+                }
+                let next = self.next_psn;
+                let w = &mut self.sq[i];
+                w.started = true;
+                w.first_psn = next;
+                w.npsn = npsn;
+                self.next_psn = next.add(npsn);
+            }
+            let w = &self.sq[i];
+            let psn = w.first_psn.add(w.sent);
+            if psn.distance_from(self.una) >= MAX_UNACKED_PSNS {
+                return None;
+            }
+            let res = self.build(ctx, i, buf);
+            match res {
+                Ok(n) => {
+                    if self.timer.is_none() {
+                        self.arm(p, now);
+                    }
+                    return Some(n);
+                }
+                Err(status) => {
+                    self.sq[i].result = Some(status);
+                    ctx.fatal = true;
+                    self.retire(p, cq);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Builds the packet at `sent` of request `i` and advances it.
+    fn build(&mut self, ctx: &mut Ctx<'_>, i: usize, buf: &mut [u8]) -> Result<usize, WcStatus> {
+        let p = ctx.p;
+        let mtu = u64::from(p.mtu);
+        let window_end = self.una.add(MAX_UNACKED_PSNS - 1);
+        let w = &mut self.sq[i];
+        let psn = w.first_psn.add(w.sent);
+        let retransmit = w.sent < w.high_sent;
+        let overflow = WcStatus::LocalLengthError;
+        let n = match w.wr.op {
+            SendOp::Read => {
+                let offset = u64::from(w.sent) * mtu;
+                let reth = RethRepr {
+                    va: w.wr.remote_addr.wrapping_add(offset),
+                    rkey: w.wr.rkey,
+                    dma_len: (w.len - offset) as u32,
+                };
+                let ext = ExtHeaders {
+                    reth: Some(reth),
+                    ..Default::default()
+                };
+                let (_, n) = emit::headers(
+                    buf,
+                    p,
+                    emit::Bth::ack_req(Opcode::RC_RDMA_READ_REQUEST, psn),
+                    ext,
+                    0,
+                )
+                .ok_or(overflow)?;
+                w.sent = w.npsn;
+                n
+            }
+            SendOp::CompareSwap { compare, swap } => {
+                let a = AtomicEthRepr {
+                    va: w.wr.remote_addr,
+                    rkey: w.wr.rkey,
+                    swap_add: swap,
+                    compare,
+                };
+                let ext = ExtHeaders {
+                    atomic_eth: Some(a),
+                    ..Default::default()
+                };
+                let (_, n) = emit::headers(
+                    buf,
+                    p,
+                    emit::Bth::ack_req(Opcode::RC_COMPARE_SWAP, psn),
+                    ext,
+                    0,
+                )
+                .ok_or(overflow)?;
+                w.sent = 1;
+                n
+            }
+            SendOp::FetchAdd { add } => {
+                let a = AtomicEthRepr {
+                    va: w.wr.remote_addr,
+                    rkey: w.wr.rkey,
+                    swap_add: add,
+                    compare: 0,
+                };
+                let ext = ExtHeaders {
+                    atomic_eth: Some(a),
+                    ..Default::default()
+                };
+                let (_, n) = emit::headers(
+                    buf,
+                    p,
+                    emit::Bth::ack_req(Opcode::RC_FETCH_ADD, psn),
+                    ext,
+                    0,
+                )
+                .ok_or(overflow)?;
+                w.sent = 1;
+                n
+            }
+            _ => {
+                let k = w.sent;
+                let offset = u64::from(k) * mtu;
+                let plen = (w.len - offset.min(w.len)).min(mtu) as usize;
+                let position = match (k == 0, k + 1 == w.npsn) {
+                    (true, true) => Position::Only,
+                    (true, false) => Position::First,
+                    (false, true) => Position::Last,
+                    (false, false) => Position::Middle,
+                };
+                let mut ext = ExtHeaders::default();
+                let write = matches!(w.wr.op, SendOp::Write | SendOp::WriteWithImm(_));
+                if write && position.starts_message() {
+                    ext.reth = Some(RethRepr {
+                        va: w.wr.remote_addr,
+                        rkey: w.wr.rkey,
+                        dma_len: w.len as u32,
+                    });
+                }
+                if position.ends_message() {
+                    match w.wr.op {
+                        SendOp::SendWithImm(v) | SendOp::WriteWithImm(v) => {
+                            ext.immdt = Some(ImmDtRepr { value: v })
+                        }
+                        SendOp::SendWithInvalidate(r) => ext.ieth = Some(IethRepr { rkey: r }),
+                        _ => {}
+                    }
+                }
+                let opcode = data_opcode(w.wr.op, position);
+                let last = position.ends_message();
+                self.since_ack_req += 1;
+                let ack_req = last || self.since_ack_req >= ACK_REQ_INTERVAL || psn == window_end;
+                let solicited = last && w.wr.flags.solicited;
+                let (start, n) = emit::headers(
+                    buf,
+                    p,
+                    emit::Bth {
+                        opcode,
+                        psn,
+                        ack_req,
+                        solicited,
+                    },
+                    ext,
+                    plen,
+                )
+                .ok_or(overflow)?;
+                gather(ctx.mem, p.pd, &w.wr, offset, &mut buf[start..start + plen])?;
+                w.sent += 1;
+                n
+            }
+        };
+        if matches!(w.wr.op, SendOp::Read) || w.wr.op.is_atomic() || w.sent == w.npsn {
+            self.since_ack_req = 0;
+        }
+        if retransmit {
+            ctx.counters.retransmits += 1;
+        }
+        w.high_sent = w.high_sent.max(w.sent);
+        Ok(n)
+    }
+
+    /// PSN of the oldest unacknowledged packet.
+    pub fn una(&self) -> Psn {
+        self.una
+    }
+}
+
+fn data_opcode(op: SendOp, pos: Position) -> Opcode {
+    use Position::*;
+    match (op, pos) {
+        (_, First) if matches!(op, SendOp::Write | SendOp::WriteWithImm(_)) => {
+            Opcode::RC_RDMA_WRITE_FIRST
+        }
+        (_, Middle) if matches!(op, SendOp::Write | SendOp::WriteWithImm(_)) => {
+            Opcode::RC_RDMA_WRITE_MIDDLE
+        }
+        (SendOp::Write, Last) => Opcode::RC_RDMA_WRITE_LAST,
+        (SendOp::Write, Only) => Opcode::RC_RDMA_WRITE_ONLY,
+        (SendOp::WriteWithImm(_), Last) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        (SendOp::WriteWithImm(_), Only) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        (_, First) => Opcode::RC_SEND_FIRST,
+        (_, Middle) => Opcode::RC_SEND_MIDDLE,
+        (SendOp::SendWithImm(_), Last) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+        (SendOp::SendWithImm(_), Only) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+        (SendOp::SendWithInvalidate(_), Last) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+        (SendOp::SendWithInvalidate(_), Only) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+        (_, Last) => Opcode::RC_SEND_LAST,
+        (_, Only) => Opcode::RC_SEND_ONLY,
+    }
+}
+
+/// Copies `out.len()` bytes of the message, from byte `offset`, out of the request's inline
+/// data or local buffers.
+fn gather(
+    mem: &mut dyn Memory,
+    pd: u32,
+    wr: &SendWr,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), WcStatus> {
+    if let Some(d) = &wr.inline_data {
+        let start = offset as usize;
+        out.copy_from_slice(&d[start..start + out.len()]);
+        return Ok(());
+    }
+    walk_sges(&wr.sgl, offset, out.len(), |sge_addr, lkey, at, n| {
+        mem.read(
+            pd,
+            KeyKind::Local,
+            lkey,
+            sge_addr,
+            &mut out[at..at + n],
+            Access::NONE,
+        )
+    })
+    .map_err(|_| WcStatus::LocalProtectionError)
+}
+
+/// Copies `data` into the request's local buffers at message byte `offset`.
+fn scatter(mem: &mut dyn Memory, pd: u32, wr: &SendWr, offset: u64, data: &[u8]) -> Result<(), ()> {
+    walk_sges(&wr.sgl, offset, data.len(), |addr, lkey, at, n| {
+        mem.write(
+            pd,
+            KeyKind::Local,
+            lkey,
+            addr,
+            &data[at..at + n],
+            Access::LOCAL_WRITE,
+        )
+    })
+    .map_err(|_| ())
+}

@@ -1,0 +1,491 @@
+//! A seeded, deterministic network of RoCE endpoints in virtual time.
+//!
+//! [`Sim`] holds [`Node`]s (an IP address, a [`VecMemory`], queue pairs) joined by a network that
+//! drops, reorders, duplicates, corrupts and delays datagrams, and can cut a link for a while.
+//! Every datagram carries a real ICRC computed over the IP/UDP headers it would have, so a
+//! corrupted one is caught exactly as a receiver on the wire catches it. Time advances from event
+//! to event, so seconds of protocol time pass in microseconds, and the same seed replays the same
+//! run bit for bit.
+//!
+//! [`scenario`] builds random workloads on top and checks the transport's promises against a
+//! model.
+
+pub mod rng;
+pub mod scenario;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use core::time::Duration;
+use ferroce_wire::frame::UdpFrameHeaders;
+use ferroce_wire::{icrc, Opcode, PacketRepr, RocePacket};
+
+use crate::completion::WorkCompletion;
+use crate::memory::VecMemory;
+use crate::qp::{QueuePair, MAX_HEADER_LEN};
+use crate::time::Instant;
+pub use rng::Rng;
+
+/// What the network does to datagrams. Probabilities are per datagram.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetConfig {
+    /// Probability a datagram is lost.
+    pub loss: f64,
+    /// Probability a datagram is held back by up to `reorder_window` extra delay.
+    pub reorder: f64,
+    /// Probability a datagram is delivered twice.
+    pub duplicate: f64,
+    /// Probability one bit of a datagram is flipped.
+    pub corrupt: f64,
+    /// One-way delay of every datagram.
+    pub latency: Duration,
+    /// Largest extra delay of a reordered datagram.
+    pub reorder_window: Duration,
+}
+
+impl NetConfig {
+    /// A perfect network with the given latency.
+    pub fn perfect(latency: Duration) -> NetConfig {
+        NetConfig {
+            loss: 0.0,
+            reorder: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            latency,
+            reorder_window: latency * 4,
+        }
+    }
+}
+
+impl Default for NetConfig {
+    fn default() -> NetConfig {
+        NetConfig::perfect(Duration::from_micros(5))
+    }
+}
+
+/// What happened to datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NetStats {
+    /// Datagrams handed to the network.
+    pub sent: u64,
+    /// Lost at random.
+    pub dropped: u64,
+    /// Lost to a cut link.
+    pub blackholed: u64,
+    /// Delivered twice.
+    pub duplicated: u64,
+    /// Delivered with a flipped bit.
+    pub corrupted: u64,
+    /// Delayed out of order.
+    pub reordered: u64,
+    /// Delivered.
+    pub delivered: u64,
+    /// Refused by the receiver for a bad ICRC.
+    pub icrc_errors: u64,
+    /// Delivered to a QP number nobody has.
+    pub unknown_qp: u64,
+}
+
+/// What became of one datagram, for traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Sent and will arrive.
+    Sent,
+    /// Lost.
+    Dropped,
+    /// Lost to a cut link.
+    Blackholed,
+    /// Will arrive twice.
+    Duplicated,
+    /// Will arrive with a flipped bit.
+    Corrupted,
+    /// Will arrive late, possibly after later datagrams.
+    Reordered,
+}
+
+/// One line of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TraceEvent {
+    /// A packet left `from` for `to`.
+    Packet {
+        /// When.
+        at: Instant,
+        /// Sending node.
+        from: usize,
+        /// Receiving node.
+        to: usize,
+        /// Opcode.
+        opcode: Opcode,
+        /// PSN.
+        psn: u32,
+        /// A short description of the extension headers (AETH syndrome, MSN).
+        detail: String,
+        /// What the network did with it.
+        fate: Fate,
+    },
+    /// A corrupted packet was refused on arrival.
+    IcrcDrop {
+        /// When.
+        at: Instant,
+        /// Receiving node.
+        node: usize,
+    },
+    /// A completion was produced.
+    Completion {
+        /// When.
+        at: Instant,
+        /// Node.
+        node: usize,
+        /// The completion.
+        wc: WorkCompletion,
+    },
+}
+
+/// One endpoint: an address, its memory and its queue pairs.
+#[derive(Debug)]
+pub struct Node {
+    /// IPv4 address.
+    pub ip: Ipv4Addr,
+    /// Registered memory.
+    pub mem: VecMemory,
+    /// Queue pairs by number.
+    pub qps: BTreeMap<u32, QueuePair>,
+    /// Completions produced, in order.
+    pub completions: Vec<WorkCompletion>,
+}
+
+impl Node {
+    /// The node's GID (IPv4-mapped IPv6).
+    pub fn gid(&self) -> Ipv6Addr {
+        self.ip.to_ipv6_mapped()
+    }
+}
+
+#[derive(Debug)]
+struct Datagram {
+    from: usize,
+    to: usize,
+    src_port: u16,
+    bytes: Vec<u8>,
+}
+
+/// The UDP source port of a QP: RoCE v2 spreads QPs over source ports for ECMP entropy.
+pub fn udp_src_port(qpn: u32) -> u16 {
+    0xc000 | ((qpn ^ (qpn >> 14)) & 0x3fff) as u16
+}
+
+/// A simulated network of nodes.
+#[derive(Debug)]
+pub struct Sim {
+    /// Virtual time.
+    pub now: Instant,
+    /// The nodes.
+    pub nodes: Vec<Node>,
+    /// The network's behaviour; may be changed between steps.
+    pub net: NetConfig,
+    /// Counters of the network.
+    pub stats: NetStats,
+    /// When set, every packet and completion is recorded.
+    pub trace: Option<Vec<TraceEvent>>,
+    rng: Rng,
+    queue: BinaryHeap<Reverse<(Instant, u64)>>,
+    in_flight: BTreeMap<u64, Datagram>,
+    seq: u64,
+    /// Cut links: (from, to) → until.
+    cuts: BTreeMap<(usize, usize), Instant>,
+    buf: Vec<u8>,
+}
+
+impl Sim {
+    /// An empty network with the given seed.
+    pub fn new(seed: u64, net: NetConfig) -> Sim {
+        Sim {
+            now: Instant::ZERO,
+            nodes: Vec::new(),
+            net,
+            stats: NetStats::default(),
+            trace: None,
+            rng: Rng::new(seed),
+            queue: BinaryHeap::new(),
+            in_flight: BTreeMap::new(),
+            seq: 0,
+            cuts: BTreeMap::new(),
+            buf: vec![0; 4096 + MAX_HEADER_LEN],
+        }
+    }
+
+    /// Adds a node with address 10.0.0.(n+1); returns its index.
+    pub fn add_node(&mut self) -> usize {
+        let i = self.nodes.len();
+        self.nodes.push(Node {
+            ip: Ipv4Addr::new(10, 0, 0, (i + 1) as u8),
+            mem: VecMemory::new(),
+            qps: BTreeMap::new(),
+            completions: Vec::new(),
+        });
+        i
+    }
+
+    /// Drops every datagram from `from` to `to` until `until`.
+    pub fn cut_link(&mut self, from: usize, to: usize, until: Instant) {
+        self.cuts.insert((from, to), until);
+    }
+
+    fn node_by_gid(&self, gid: Ipv6Addr) -> Option<usize> {
+        let v4 = gid.to_ipv4_mapped()?;
+        self.nodes.iter().position(|n| n.ip == v4)
+    }
+
+    fn headers(&self, from: usize, to: usize, src_port: u16) -> UdpFrameHeaders {
+        UdpFrameHeaders::roce(
+            IpAddr::V4(self.nodes[from].ip),
+            src_port,
+            IpAddr::V4(self.nodes[to].ip),
+        )
+    }
+
+    /// Lets every QP transmit everything it has, and collects completions.
+    fn pump(&mut self) {
+        for from in 0..self.nodes.len() {
+            let qpns: Vec<u32> = self.nodes[from].qps.keys().copied().collect();
+            for qpn in qpns {
+                loop {
+                    let node = &mut self.nodes[from];
+                    let Some(qp) = node.qps.get_mut(&qpn) else {
+                        break;
+                    };
+                    let Some(n) = qp.poll_transmit(self.now, &mut node.mem, &mut self.buf) else {
+                        break;
+                    };
+                    let gid = qp.dest_gid();
+                    let Some(to) = self.node_by_gid(gid) else {
+                        continue;
+                    };
+                    let mut bytes = self.buf[..n].to_vec();
+                    let src_port = udp_src_port(qpn);
+                    let h = self
+                        .headers(from, to, src_port)
+                        .ip_udp_headers(n)
+                        .expect("packet fits UDP");
+                    let crc =
+                        icrc::compute(h.ip(), h.udp(), &bytes[..n - 4]).expect("valid headers");
+                    RocePacket::new_unchecked(&mut bytes[..]).set_icrc(crc);
+                    self.send(Datagram {
+                        from,
+                        to,
+                        src_port,
+                        bytes,
+                    });
+                }
+            }
+            self.collect_completions(from);
+        }
+    }
+
+    fn collect_completions(&mut self, node: usize) {
+        let n = &mut self.nodes[node];
+        for qp in n.qps.values_mut() {
+            while let Some(wc) = qp.poll_completion() {
+                if let Some(t) = self.trace.as_mut() {
+                    t.push(TraceEvent::Completion {
+                        at: self.now,
+                        node,
+                        wc,
+                    });
+                }
+                n.completions.push(wc);
+            }
+        }
+    }
+
+    fn schedule(&mut self, delay: Duration, d: Datagram) {
+        self.seq += 1;
+        let at = self.now + delay;
+        self.queue.push(Reverse((at, self.seq)));
+        self.in_flight.insert(self.seq, d);
+    }
+
+    fn send(&mut self, mut d: Datagram) {
+        self.stats.sent += 1;
+        let net = self.net;
+        let cut = self
+            .cuts
+            .get(&(d.from, d.to))
+            .is_some_and(|&until| self.now < until);
+        let fate = if cut {
+            self.stats.blackholed += 1;
+            Fate::Blackholed
+        } else if self.rng.chance(net.loss) {
+            self.stats.dropped += 1;
+            Fate::Dropped
+        } else if self.rng.chance(net.duplicate) {
+            self.stats.duplicated += 1;
+            Fate::Duplicated
+        } else if self.rng.chance(net.corrupt) {
+            self.stats.corrupted += 1;
+            let bit = self.rng.below(d.bytes.len() as u64 * 8);
+            d.bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+            Fate::Corrupted
+        } else if self.rng.chance(net.reorder) {
+            self.stats.reordered += 1;
+            Fate::Reordered
+        } else {
+            Fate::Sent
+        };
+        if let Some(t) = self.trace.as_mut() {
+            let (opcode, psn, detail) = describe(&d.bytes);
+            t.push(TraceEvent::Packet {
+                at: self.now,
+                from: d.from,
+                to: d.to,
+                opcode,
+                psn,
+                detail,
+                fate,
+            });
+        }
+        match fate {
+            Fate::Dropped | Fate::Blackholed => {}
+            Fate::Duplicated => {
+                let copy = Datagram {
+                    from: d.from,
+                    to: d.to,
+                    src_port: d.src_port,
+                    bytes: d.bytes.clone(),
+                };
+                let extra = self.jitter();
+                self.schedule(net.latency + extra, copy);
+                self.schedule(net.latency, d);
+            }
+            Fate::Reordered => {
+                let extra = self.jitter();
+                self.schedule(net.latency + extra, d);
+            }
+            Fate::Sent | Fate::Corrupted => self.schedule(net.latency, d),
+        }
+    }
+
+    fn jitter(&mut self) -> Duration {
+        let w = self.net.reorder_window.as_nanos() as u64;
+        Duration::from_nanos(self.rng.below(w.max(1)))
+    }
+
+    fn deliver(&mut self, d: Datagram) {
+        let len = d.bytes.len();
+        let h = self
+            .headers(d.from, d.to, d.src_port)
+            .ip_udp_headers(len)
+            .expect("fits");
+        let ok = match RocePacket::new_checked(&d.bytes[..]) {
+            Ok(p) => icrc::verify(h.ip(), h.udp(), p.covered(), p.icrc()).unwrap_or(false),
+            Err(_) => false,
+        };
+        if !ok {
+            self.stats.icrc_errors += 1;
+            if let Some(t) = self.trace.as_mut() {
+                t.push(TraceEvent::IcrcDrop {
+                    at: self.now,
+                    node: d.to,
+                });
+            }
+            return;
+        }
+        let qpn = RocePacket::new_unchecked(&d.bytes[..]).bth().dest_qpn();
+        let node = &mut self.nodes[d.to];
+        match node.qps.get_mut(&qpn) {
+            Some(qp) => {
+                self.stats.delivered += 1;
+                // A packet that passed its ICRC but does not parse is counted by the QP's drop.
+                let _ = qp.handle_packet(self.now, &mut node.mem, &d.bytes);
+            }
+            None => self.stats.unknown_qp += 1,
+        }
+    }
+
+    /// The next time anything happens: a delivery or a QP timer.
+    pub fn next_event(&self) -> Option<Instant> {
+        let net = self.queue.peek().map(|Reverse((t, _))| *t);
+        let timers = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.qps.values())
+            .filter_map(QueuePair::next_timeout)
+            .min();
+        match (net, timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Transmits what is ready, then advances to the next event and handles it. Returns `false`
+    /// when nothing is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.pump();
+        let Some(t) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(t);
+        while let Some(Reverse((at, seq))) = self.queue.peek().copied() {
+            if at > self.now {
+                break;
+            }
+            self.queue.pop();
+            if let Some(d) = self.in_flight.remove(&seq) {
+                self.deliver(d);
+            }
+        }
+        let now = self.now;
+        for node in &mut self.nodes {
+            for qp in node.qps.values_mut() {
+                if qp.next_timeout().is_some_and(|t| t <= now) {
+                    qp.handle_timeout(now);
+                }
+            }
+        }
+        self.pump();
+        true
+    }
+
+    /// Steps until nothing is left to happen or `deadline` (virtual time) passes. Returns
+    /// `true` if the network went idle.
+    pub fn run_until_idle(&mut self, deadline: Instant) -> bool {
+        while self.now <= deadline {
+            if !self.step() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Steps while `busy` holds, up to `deadline`. Returns `true` if `busy` became false.
+    pub fn run_while(&mut self, deadline: Instant, mut busy: impl FnMut(&Sim) -> bool) -> bool {
+        while busy(self) {
+            if self.now > deadline || !self.step() {
+                return !busy(self);
+            }
+        }
+        true
+    }
+}
+
+/// Opcode, PSN and a short description of a packet's answer headers, for traces.
+fn describe(bytes: &[u8]) -> (Opcode, u32, String) {
+    let Ok(p) = RocePacket::new_checked(bytes) else {
+        return (Opcode(0xff), 0, "malformed".into());
+    };
+    let Ok(r) = PacketRepr::parse(&p) else {
+        return (Opcode(0xff), 0, "malformed".into());
+    };
+    let mut detail = String::new();
+    if let Some(a) = r.ext.aeth {
+        detail = format!("{} msn={}", a.syndrome, a.msn);
+    }
+    if r.payload_len > 0 {
+        if !detail.is_empty() {
+            detail.push(' ');
+        }
+        detail.push_str(&format!("{}B", r.payload_len));
+    }
+    (r.bth.opcode, r.bth.psn.value(), detail)
+}
