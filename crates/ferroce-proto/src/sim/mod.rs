@@ -10,6 +10,7 @@
 //! [`scenario`] builds random workloads on top and checks the transport's promises against a
 //! model.
 
+pub mod pair;
 pub mod rng;
 pub mod scenario;
 
@@ -77,6 +78,9 @@ pub struct NetStats {
     pub duplicated: u64,
     /// Delivered with a flipped bit.
     pub corrupted: u64,
+    /// Of those, flips in the BTH byte the ICRC leaves uncovered by design (FECN, BECN and
+    /// reserved bits, which switches may rewrite): delivered, and harmless.
+    pub corrupted_uncovered: u64,
     /// Delayed out of order.
     pub reordered: u64,
     /// Delivered.
@@ -326,6 +330,9 @@ impl Sim {
             self.stats.corrupted += 1;
             let bit = self.rng.below(d.bytes.len() as u64 * 8);
             d.bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+            if bit / 8 == 4 {
+                self.stats.corrupted_uncovered += 1;
+            }
             Fate::Corrupted
         } else if self.rng.chance(net.reorder) {
             self.stats.reordered += 1;

@@ -1,0 +1,148 @@
+//! The transport's own CPU cost: messages per second through two queue pairs wired back to back
+//! in memory. No sockets, no syscalls, no ICRC (that is the wire layer's, benchmarked there):
+//! what is measured is segmentation, PSN and window bookkeeping, the responder's checks and
+//! copies, ACK generation and completion.
+//!
+//! `cargo bench -p ferroce-proto --bench transport`
+
+use std::net::Ipv6Addr;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use ferroce_proto::{
+    Access, InitAttr, Instant, PathMtu, QpCaps, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp,
+    SendWr, Sge, VecMemory,
+};
+use ferroce_wire::Psn;
+
+struct Wire {
+    a: QueuePair,
+    b: QueuePair,
+    mem_a: VecMemory,
+    mem_b: VecMemory,
+    buf: Vec<u8>,
+    src_lkey: u32,
+    dst_rkey: u32,
+    recv_lkey: u32,
+}
+
+fn qp(qpn: u32, peer: u32, mtu: PathMtu) -> QueuePair {
+    let caps = QpCaps {
+        max_send_wr: 8192,
+        max_recv_wr: 8192,
+        ..QpCaps::default()
+    };
+    let mut q = QueuePair::new(qpn, 1, caps);
+    q.modify_to_init(&InitAttr::default()).unwrap();
+    q.modify_to_rtr(&RtrAttr {
+        path_mtu: mtu,
+        dest_qpn: peer,
+        dest_gid: Ipv6Addr::LOCALHOST,
+        rq_psn: Psn::new(0),
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 1,
+    })
+    .unwrap();
+    q.modify_to_rts(&RtsAttr {
+        sq_psn: Psn::new(0),
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+    })
+    .unwrap();
+    q
+}
+
+impl Wire {
+    fn new(mtu: PathMtu, len: usize) -> Wire {
+        let mut mem_a = VecMemory::new();
+        let mut mem_b = VecMemory::new();
+        let src = mem_a.register(1, 0x1000, len.max(8), Access::ALL);
+        let dst = mem_b.register(1, 0x1000, len.max(8), Access::ALL);
+        let recv = mem_b.register(1, 0x100_0000, len.max(8), Access::ALL);
+        Wire {
+            a: qp(1, 2, mtu),
+            b: qp(2, 1, mtu),
+            src_lkey: mem_a.region(src).lkey,
+            dst_rkey: mem_b.region(dst).rkey,
+            recv_lkey: mem_b.region(recv).lkey,
+            mem_a,
+            mem_b,
+            buf: vec![0; 4096 + 64],
+        }
+    }
+
+    /// Moves packets both ways until neither side has anything to send.
+    fn pump(&mut self) {
+        let now = Instant::ZERO;
+        loop {
+            let mut moved = false;
+            while let Some(n) = self.a.poll_transmit(now, &mut self.mem_a, &mut self.buf) {
+                self.b
+                    .handle_packet(now, &mut self.mem_b, &self.buf[..n])
+                    .unwrap();
+                moved = true;
+            }
+            while let Some(n) = self.b.poll_transmit(now, &mut self.mem_b, &mut self.buf) {
+                self.a
+                    .handle_packet(now, &mut self.mem_a, &self.buf[..n])
+                    .unwrap();
+                moved = true;
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+
+    fn batch(&mut self, op: SendOp, len: usize, count: u64) {
+        for i in 0..count {
+            if op == SendOp::Send {
+                let sge = Sge {
+                    addr: 0x100_0000,
+                    length: len as u32,
+                    lkey: self.recv_lkey,
+                };
+                self.b
+                    .post_recv(RecvWr {
+                        wr_id: i,
+                        sgl: vec![sge],
+                    })
+                    .unwrap();
+            }
+            let sge = Sge {
+                addr: 0x1000,
+                length: len as u32,
+                lkey: self.src_lkey,
+            };
+            self.a
+                .post_send(SendWr::new(i, op, vec![sge]).remote(0x1000, self.dst_rkey))
+                .unwrap();
+        }
+        self.pump();
+        let mut done = 0;
+        while let Some(wc) = self.a.poll_completion() {
+            assert!(wc.status == ferroce_proto::WcStatus::Success);
+            done += 1;
+        }
+        while self.b.poll_completion().is_some() {}
+        assert_eq!(done, count);
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    const BATCH: u64 = 256;
+    let mut g = c.benchmark_group("transport");
+    g.throughput(Throughput::Elements(BATCH));
+    let mut w = Wire::new(PathMtu::Mtu1024, 8);
+    g.bench_function("send_8B", |b| b.iter(|| w.batch(SendOp::Send, 8, BATCH)));
+    let mut w = Wire::new(PathMtu::Mtu4096, 64 * 1024);
+    g.throughput(Throughput::Elements(16));
+    g.bench_function("write_64KiB_mtu4096", |b| {
+        b.iter(|| w.batch(SendOp::Write, 64 * 1024, 16))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
