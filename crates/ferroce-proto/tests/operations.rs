@@ -331,3 +331,147 @@ fn completions_follow_posting_order_across_operations() {
     assert_eq!(ids, (0..ops.len() as u64).collect::<Vec<_>>());
     assert!(a.iter().all(|w| w.status == WcStatus::Success), "{a:?}");
 }
+
+#[test]
+fn fence_makes_a_write_wait_for_an_earlier_read() {
+    // Unfenced, the responder may read the READ's data after a later WRITE landed (IBTA allows
+    // it); fenced, the WRITE does not start until the READ has completed.
+    let mut p = pair();
+    let local = p.register(0, 2 * 4096, Access::LOCAL_WRITE);
+    let remote = p.register(1, 4096, Access::ALL);
+    p.bytes_mut(remote).fill(1);
+    p.bytes_mut(local)[4096..].fill(2);
+    p.post_send(
+        0,
+        SendWr::new(1, SendOp::Read, vec![local.sge(0, 4096)]).remote(remote.addr(0), remote.rkey),
+    )
+    .unwrap();
+    let mut w = SendWr::new(2, SendOp::Write, vec![local.sge(4096, 4096)])
+        .remote(remote.addr(0), remote.rkey);
+    w.flags.fence = true;
+    p.post_send(0, w).unwrap();
+    let a = p.wait_completions(0, 2, LIMIT);
+    assert!(a.iter().all(|w| w.status == WcStatus::Success));
+    assert!(
+        p.bytes(local)[..4096].iter().all(|&b| b == 1),
+        "the READ saw the data from before the WRITE"
+    );
+    assert!(p.bytes(remote).iter().all(|&b| b == 2));
+}
+
+#[test]
+fn solicited_flag_reaches_the_receive_completion() {
+    let mut p = pair();
+    let (src, dst, _) = setup(&mut p, 16, Access::LOCAL_WRITE);
+    for (id, solicited) in [(1, false), (2, true)] {
+        p.post_recv(1, id, vec![dst.sge(0, 16)]).unwrap();
+        let mut w = SendWr::new(id, SendOp::Send, vec![src.sge(0, 16)]);
+        w.flags.solicited = solicited;
+        p.post_send(0, w).unwrap();
+    }
+    let b = p.wait_completions(1, 2, LIMIT);
+    assert_eq!((b[0].solicited, b[1].solicited), (false, true));
+}
+
+#[test]
+fn initiator_depth_limits_outstanding_reads() {
+    use ferroce_proto::sim::TraceEvent;
+    let rts = ferroce_proto::RtsAttr {
+        max_rd_atomic: 1,
+        ..default_rts()
+    };
+    let mut p = Pair::new(
+        1,
+        NetConfig::perfect(Duration::from_micros(5)),
+        PathMtu::Mtu1024,
+        rts,
+        1,
+        2,
+    );
+    p.sim.trace = Some(Vec::new());
+    let local = p.register(0, 3 * 64, Access::LOCAL_WRITE);
+    let remote = p.register(1, 64, Access::REMOTE_READ);
+    for i in 0..3 {
+        let wr = SendWr::new(i, SendOp::Read, vec![local.sge(i as usize * 64, 64)])
+            .remote(remote.addr(0), remote.rkey);
+        p.post_send(0, wr).unwrap();
+    }
+    assert_eq!(p.wait_completions(0, 3, LIMIT).len(), 3);
+    // Requests and responses strictly alternate: never two READs in flight.
+    let kinds: Vec<&str> = p
+        .sim
+        .trace
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Packet { opcode, .. } => Some(opcode.name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["RC_RDMA_READ_REQUEST", "RC_RDMA_READ_RESPONSE_ONLY"].repeat(3),
+        "with max_rd_atomic 1 each READ waits for the previous answer"
+    );
+}
+
+#[test]
+fn duplicated_atomics_execute_once_and_replay_the_saved_original() {
+    // Every packet is delivered twice: each FETCH_ADD and CAS arrives twice at the responder.
+    let net = NetConfig {
+        duplicate: 1.0,
+        ..NetConfig::perfect(Duration::from_micros(5))
+    };
+    let mut p = Pair::new(3, net, PathMtu::Mtu1024, default_rts(), 1, 2);
+    let results = p.register(0, 8 * 20, Access::LOCAL_WRITE);
+    let word = p.register(1, 16, Access::REMOTE_ATOMIC);
+    for i in 0..10u64 {
+        let wr = SendWr::new(
+            i,
+            SendOp::FetchAdd { add: 5 },
+            vec![results.sge(i as usize * 8, 8)],
+        );
+        p.post_send(0, wr.remote(word.addr(0), word.rkey)).unwrap();
+    }
+    for i in 0..10u64 {
+        let op = SendOp::CompareSwap {
+            compare: i,
+            swap: i + 1,
+        };
+        let wr = SendWr::new(10 + i, op, vec![results.sge(80 + i as usize * 8, 8)])
+            .remote(word.addr(8), word.rkey);
+        p.post_send(0, wr).unwrap();
+    }
+    let a = p.wait_completions(0, 20, LIMIT);
+    assert!(a.iter().all(|w| w.status == WcStatus::Success), "{a:?}");
+    assert!(p.run(LIMIT), "the late copies drain");
+    let c = *p.qp(1).counters();
+    assert!(
+        c.duplicate_request >= 20,
+        "the duplicates did arrive: {c:?} {:?}",
+        p.sim.stats
+    );
+    let word_bytes = p.bytes(word).to_vec();
+    assert_eq!(
+        u64::from_ne_bytes(word_bytes[..8].try_into().unwrap()),
+        50,
+        "ten adds of 5, once each"
+    );
+    assert_eq!(
+        u64::from_ne_bytes(word_bytes[8..].try_into().unwrap()),
+        10,
+        "ten CAS steps, once each"
+    );
+    let r = p.bytes(results);
+    for i in 0..10usize {
+        assert_eq!(
+            u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap()),
+            5 * i as u64
+        );
+        assert_eq!(
+            u64::from_ne_bytes(r[80 + i * 8..88 + i * 8].try_into().unwrap()),
+            i as u64
+        );
+    }
+}
