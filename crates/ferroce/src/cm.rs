@@ -1,0 +1,1 @@
+//! Connection management (being written).
