@@ -141,6 +141,11 @@ impl<W: Write> PcapWriter<W> {
         self.out.write_all(frame)
     }
 
+    /// Flushes the sink.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
     /// Flushes and returns the sink.
     pub fn finish(mut self) -> io::Result<W> {
         self.out.flush()?;

@@ -1,4 +1,71 @@
 //! ferroce: the RDMA verbs programming model over RoCE v2, in userspace.
+//!
+//! Open a [`Device`] into a [`Context`], allocate a [`ProtectionDomain`], register
+//! [`MemoryRegion`]s, create [`CompletionQueue`]s and [`QueuePair`]s, bring the QPs to RTS with
+//! the peer's parameters (exchanged with [`cm`]), and post work requests. The context's engine
+//! thread plays the NIC: it serves one-sided operations while the application sleeps.
+//!
+//! ```
+//! use std::time::Duration;
+//! use ferroce::{device_by_name, Access, ContextOptions, InitAttr, QpCaps, QpInitAttr, RtrAttr, RtsAttr};
+//! use ferroce::{SendOp, SendWr, WcStatus};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Two contexts on loopback, each on its own UDP port, standing for two hosts.
+//! let lo = device_by_name("lo")?;
+//! let a = lo.open(&ContextOptions::with_port(0))?;
+//! let b = lo.open(&ContextOptions::with_port(0))?;
+//! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
+//! let (cq_a, cq_b) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+//! let caps = QpCaps::default();
+//! let qa = pd_a.create_qp(&QpInitAttr { send_cq: &cq_a, recv_cq: &cq_a, caps, srq: None })?;
+//! let qb = pd_b.create_qp(&QpInitAttr { send_cq: &cq_b, recv_cq: &cq_b, caps, srq: None })?;
+//! for (qp, peer, peer_ctx) in [(&qa, &qb, &b), (&qb, &qa, &a)] {
+//!     qp.modify_to_init(&InitAttr::default())?;
+//!     let rtr = RtrAttr {
+//!         path_mtu: lo.active_mtu(),
+//!         dest_qpn: peer.qpn(),
+//!         dest_gid: peer_ctx.gid(),
+//!         rq_psn: ferroce::Psn::new(0),
+//!         max_dest_rd_atomic: 4,
+//!         min_rnr_timer: 1,
+//!     };
+//!     qp.modify_to_rtr_with_port(&rtr, peer_ctx.local_addr().port())?;
+//!     qp.modify_to_rts(&RtsAttr { sq_psn: ferroce::Psn::new(0), timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 4 })?;
+//! }
+//! // B exposes a region; A writes into it with one-sided RDMA WRITE.
+//! let target = pd_b.alloc_mr(64, Access::LOCAL_WRITE.with(Access::REMOTE_WRITE))?;
+//! let source = pd_a.alloc_mr(64, Access::LOCAL_WRITE)?;
+//! source.write(0, b"hello, remote memory")?;
+//! qa.post_send(SendWr::new(1, SendOp::Write, vec![source.sge(0, 20)?]).remote(target.addr(), target.rkey()))?;
+//! let wc = cq_a.wait(1, Duration::from_secs(5))?;
+//! assert_eq!(wc[0].status, WcStatus::Success);
+//! assert_eq!(target.to_vec(0, 20)?, b"hello, remote memory");
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
+mod capture;
 pub mod cm;
+mod context;
+mod cq;
+mod device;
+mod engine;
+mod error;
+mod mr;
+mod qp;
+mod sys;
+
+pub use context::{Context, ContextCounters, ContextOptions, ProtectionDomain};
+pub use cq::{empty_wc, CompletionChannel, CompletionQueue};
+pub use device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
+pub use error::{Error, Result};
+pub use mr::MemoryRegion;
+pub use qp::{QpInitAttr, QueuePair, SharedReceiveQueue};
+
+pub use ferroce_proto::{
+    Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr, RtsAttr, SendFlags,
+    SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+pub use ferroce_wire::Psn;

@@ -1,0 +1,338 @@
+//! Contexts (an opened device) and protection domains.
+
+use std::collections::HashMap;
+use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use ferroce_proto::{Access, QpCaps};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::capture::Capture;
+use crate::cq::{CompletionChannel, CompletionQueue};
+use crate::device::{Device, Gid};
+use crate::engine::{self, EngineState};
+use crate::error::{Error, Result};
+use crate::mr::{MemoryRegion, MrInner, MrTable};
+use crate::qp::{QpInitAttr, QpShared, QueuePair, SharedReceiveQueue};
+use crate::sys::EventFd;
+
+/// How a device is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextOptions {
+    /// Which GID (address) of the device to use.
+    pub gid_index: usize,
+    /// The UDP port this context's RoCE socket listens on: 4791 by default; another port (or 0
+    /// for any free one) lets several unprivileged processes share a host.
+    pub port: u16,
+    /// Write every packet to this pcap file (default: the `FERROCE_PCAP` environment variable).
+    pub capture: Option<PathBuf>,
+}
+
+impl Default for ContextOptions {
+    fn default() -> ContextOptions {
+        ContextOptions {
+            gid_index: 0,
+            port: ferroce_wire::ROCE_V2_UDP_PORT,
+            capture: std::env::var_os("FERROCE_PCAP").filter(|v| !v.is_empty()).map(PathBuf::from),
+        }
+    }
+}
+
+impl ContextOptions {
+    /// The defaults with another UDP port.
+    pub fn with_port(port: u16) -> ContextOptions {
+        ContextOptions { port, ..ContextOptions::default() }
+    }
+}
+
+/// Counters of a context's packet path (per-QP transport counters are on each QP).
+#[derive(Debug, Default)]
+pub(crate) struct EngineCounters {
+    pub rx_packets: AtomicU64,
+    pub tx_packets: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub icrc_errors: AtomicU64,
+    pub malformed: AtomicU64,
+    pub unknown_qpn: AtomicU64,
+    pub wrong_source: AtomicU64,
+    pub send_errors: AtomicU64,
+}
+
+/// A snapshot of a context's packet-path counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContextCounters {
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// Datagrams sent.
+    pub tx_packets: u64,
+    /// Bytes received (UDP payload).
+    pub rx_bytes: u64,
+    /// Bytes sent (UDP payload).
+    pub tx_bytes: u64,
+    /// Datagrams refused for a bad ICRC.
+    pub icrc_errors: u64,
+    /// Datagrams that are not RoCE v2 packets.
+    pub malformed: u64,
+    /// Packets for a QP number this context does not have.
+    pub unknown_qpn: u64,
+    /// Packets for a connected QP from an address other than its peer's.
+    pub wrong_source: u64,
+    /// Send system calls that failed.
+    pub send_errors: u64,
+}
+
+/// Everything the engine thread and the handles share.
+#[derive(Debug)]
+pub(crate) struct ContextShared {
+    pub device: Device,
+    pub gid: Gid,
+    pub local: SocketAddr,
+    pub socket: UdpSocket,
+    pub mrs: MrTable,
+    pub qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    pub qps_generation: AtomicU64,
+    pub doorbell_fd: EventFd,
+    pub sleeping: AtomicBool,
+    pub shutdown: AtomicBool,
+    /// Until when (ns since `epoch`) an application thread is driving progress itself.
+    pub app_polling_until: AtomicU64,
+    pub epoch: std::time::Instant,
+    pub engine: Mutex<EngineState>,
+    pub capture: Option<Capture>,
+    pub counters: EngineCounters,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+}
+
+impl ContextShared {
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        self.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&qpn);
+        self.qps_generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Owns the engine thread: when the last handle (context, PD, MR, CQ, QP) goes, it stops it.
+#[derive(Debug)]
+pub(crate) struct ContextInner {
+    pub shared: Arc<ContextShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.doorbell_fd.notify();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        if let Some(c) = &self.shared.capture {
+            c.flush();
+        }
+    }
+}
+
+/// An opened device: one UDP socket, one engine thread, and the objects created from it.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+fn bind_socket(addr: SocketAddr, rcvbuf: usize) -> std::io::Result<UdpSocket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // Large buffers absorb bursts of a whole send window; the root-only "force" variant is
+    // tried first, the ordinary one (capped by net.core.rmem_max) after.
+    if s.set_recv_buffer_size(rcvbuf).is_err() {
+        let _ = s.set_recv_buffer_size(rcvbuf);
+    }
+    let _ = s.set_send_buffer_size(rcvbuf);
+    if addr.is_ipv4() {
+        // DF set, as RoCE v2 requires; Linux then sends Identification 0 from an unconnected
+        // socket, which is what the ICRC is computed over on both ends.
+        set_pmtudisc_do(&s);
+    }
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+fn set_pmtudisc_do(s: &Socket) {
+    let v: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: passes a pointer to a live c_int and its size, as IP_MTU_DISCOVER expects.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(s),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+impl Context {
+    pub(crate) fn open(device: &Device, options: &ContextOptions) -> Result<Context> {
+        let gid = *device.gids().get(options.gid_index).ok_or_else(|| {
+            Error::NoDevice(format!("{} has no GID index {}", device.name(), options.gid_index))
+        })?;
+        let addr = SocketAddr::new(gid.ip, options.port);
+        let socket = bind_socket(addr, 8 << 20).map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
+        socket.set_nonblocking(true).map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
+        let local = socket.local_addr().map_err(|e| Error::io("reading the RoCE socket's address", e))?;
+        let capture = options.capture.as_deref().map(Capture::create).transpose()?;
+        let shared = Arc::new(ContextShared {
+            device: device.clone(),
+            gid,
+            local,
+            socket,
+            mrs: MrTable::default(),
+            qps: RwLock::new(HashMap::new()),
+            qps_generation: AtomicU64::new(0),
+            doorbell_fd: EventFd::new().map_err(|e| Error::io("creating the doorbell", e))?,
+            sleeping: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            app_polling_until: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            engine: Mutex::new(EngineState::new()),
+            capture,
+            counters: EngineCounters::default(),
+            next_qpn: AtomicU32::new(0x11),
+            next_pd: AtomicU32::new(1),
+        });
+        let for_thread = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("ferroce-engine-{}", local.port()))
+            .spawn(move || engine::run(for_thread))
+            .map_err(|e| Error::io("starting the engine thread", e))?;
+        Ok(Context { inner: Arc::new(ContextInner { shared, thread: Mutex::new(Some(thread)) }) })
+    }
+
+    /// The device this context was opened on.
+    pub fn device(&self) -> &Device {
+        &self.inner.shared.device
+    }
+
+    /// The GID peers address this context by.
+    pub fn gid(&self) -> Ipv6Addr {
+        self.inner.shared.gid.gid
+    }
+
+    /// The address and UDP port of this context's RoCE socket.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.shared.local
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let id = self.inner.shared.next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(ProtectionDomain { id, ctx: self.inner.clone() })
+    }
+
+    /// Creates a completion channel.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new()
+    }
+
+    /// Creates a completion queue of `capacity` entries, optionally tied to a channel.
+    pub fn create_cq(&self, capacity: usize, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument("a completion queue needs at least one entry".into()));
+        }
+        Ok(CompletionQueue::new(self.inner.clone(), capacity, channel))
+    }
+
+    /// Drives the engine once from the calling thread (receive, timers, transmit, completions);
+    /// returns whether anything happened. Polling an empty CQ does this already.
+    pub fn progress(&self) -> bool {
+        self.inner.shared.progress_inline()
+    }
+
+    /// Packet-path counters.
+    pub fn counters(&self) -> ContextCounters {
+        let c = &self.inner.shared.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ContextCounters {
+            rx_packets: l(&c.rx_packets),
+            tx_packets: l(&c.tx_packets),
+            rx_bytes: l(&c.rx_bytes),
+            tx_bytes: l(&c.tx_bytes),
+            icrc_errors: l(&c.icrc_errors),
+            malformed: l(&c.malformed),
+            unknown_qpn: l(&c.unknown_qpn),
+            wrong_source: l(&c.wrong_source),
+            send_errors: l(&c.send_errors),
+        }
+    }
+
+    /// Memory regions registered now.
+    pub fn memory_region_count(&self) -> usize {
+        self.inner.shared.mrs.len()
+    }
+
+    /// Queue pairs alive now.
+    pub fn queue_pair_count(&self) -> usize {
+        self.inner.shared.qps.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A protection domain: memory regions and queue pairs of one domain only reach each other.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    id: u32,
+    ctx: Arc<ContextInner>,
+}
+
+impl ProtectionDomain {
+    /// Allocates and registers `len` zeroed, page-aligned bytes with the given rights.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        let inner = MrInner::map(len, access, self.id)?;
+        MemoryRegion::new(inner, self.ctx.clone())
+    }
+
+    /// Registers memory the caller owns.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes for as long as the returned region
+    /// (or any work request naming it) lives, and must not be read or written by the caller in
+    /// any other way meanwhile — not even through a shared reference — because a peer or the
+    /// engine may write it at any moment. Only access it through the region's `read`/`write`.
+    pub unsafe fn register_raw(&self, ptr: NonNull<u8>, len: usize, access: Access) -> Result<MemoryRegion> {
+        // SAFETY: the caller's contract is the one `MrInner::borrowed` requires.
+        let inner = unsafe { MrInner::borrowed(ptr, len, access, self.id) };
+        MemoryRegion::new(inner, self.ctx.clone())
+    }
+
+    /// Creates a shared receive queue.
+    pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
+        Ok(SharedReceiveQueue::new(max_wr, max_sge))
+    }
+
+    /// Creates an RC queue pair in the RESET state.
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let shared = &self.ctx.shared;
+        if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx) {
+            return Err(Error::Mismatch("a completion queue"));
+        }
+        let caps: QpCaps = attr.caps;
+        let qpn = shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let send_socket = bind_socket(SocketAddr::new(shared.local.ip(), 0), 4 << 20)
+            .map_err(|e| Error::io("binding the QP's sending socket", e))?;
+        let src_port = send_socket.local_addr().map_err(|e| Error::io("reading the QP's port", e))?.port();
+        let qp = Arc::new(QpShared {
+            qpn,
+            qp: Mutex::new(ferroce_proto::QueuePair::new(qpn, self.id, caps)),
+            send_cq: attr.send_cq.inner.clone(),
+            recv_cq: attr.recv_cq.inner.clone(),
+            srq: attr.srq.map(|s| s.inner.clone()),
+            peer: Mutex::new(None),
+            send_socket,
+            src_port,
+        });
+        shared.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, qp.clone());
+        shared.qps_generation.fetch_add(1, Ordering::AcqRel);
+        Ok(QueuePair { shared: qp, ctx: self.ctx.clone() })
+    }
+}

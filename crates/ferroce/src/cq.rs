@@ -1,0 +1,203 @@
+//! Completion queues and completion channels.
+//!
+//! The engine appends completions; the application polls them. An empty poll drives the engine
+//! once inline (receive, timers, transmit), which is how a busy-polling application gets the
+//! lowest latency without a second thread spinning. A completion channel is an eventfd a thread
+//! can block on (or hand to epoll or an async runtime) after arming a CQ with
+//! [`CompletionQueue::req_notify`].
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferroce_proto::{WcStatus, WorkCompletion};
+
+use crate::context::ContextInner;
+use crate::error::{Error, Result};
+use crate::sys::{self, EventFd};
+
+const UNARMED: u8 = 0;
+const ARMED_ANY: u8 = 1;
+const ARMED_SOLICITED: u8 = 2;
+
+#[derive(Debug)]
+pub(crate) struct ChannelInner {
+    efd: EventFd,
+}
+
+/// A completion channel: wakes a waiting thread when an armed CQ gets a completion.
+#[derive(Debug, Clone)]
+pub struct CompletionChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl CompletionChannel {
+    pub(crate) fn new() -> Result<CompletionChannel> {
+        let efd = EventFd::new().map_err(|e| Error::io("creating a completion channel", e))?;
+        Ok(CompletionChannel { inner: Arc::new(ChannelInner { efd }) })
+    }
+
+    /// Blocks until an armed CQ of this channel gets a completion, or `timeout` passes
+    /// (`None`: forever). Returns whether an event arrived. Re-arm the CQ before polling it
+    /// empty, as with `ibv_get_cq_event`.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<bool> {
+        if self.inner.efd.drain() > 0 {
+            return Ok(true);
+        }
+        sys::wait_readable(&[self.inner.efd.fd()], timeout).map_err(|e| Error::io("waiting for a completion event", e))?;
+        Ok(self.inner.efd.drain() > 0)
+    }
+
+    /// The descriptor that becomes readable on an event, for epoll or an async runtime; read
+    /// events with [`Self::get_event`] (`Some(Duration::ZERO)` does not block).
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.inner.efd.fd()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    queue: Mutex<VecDeque<WorkCompletion>>,
+    capacity: usize,
+    overflowed: AtomicBool,
+    armed: AtomicU8,
+    channel: Option<Arc<ChannelInner>>,
+}
+
+impl CqInner {
+    /// Appends completions (the engine's side) and wakes an armed channel.
+    pub(crate) fn push(&self, wcs: &[WorkCompletion]) {
+        if wcs.is_empty() {
+            return;
+        }
+        {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.extend(wcs.iter().copied());
+            if q.len() > self.capacity {
+                self.overflowed.store(true, Ordering::Release);
+            }
+        }
+        let Some(ch) = &self.channel else { return };
+        let armed = self.armed.load(Ordering::Acquire);
+        let fire = match armed {
+            ARMED_ANY => true,
+            // Errors always wake, as they would on hardware (they end the QP).
+            ARMED_SOLICITED => wcs.iter().any(|w| w.solicited || w.status != WcStatus::Success),
+            _ => false,
+        };
+        if fire && self.armed.compare_exchange(armed, UNARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            ch.efd.notify();
+        }
+    }
+}
+
+/// A completion queue.
+#[derive(Debug, Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+    pub(crate) ctx: Arc<ContextInner>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(ctx: Arc<ContextInner>, capacity: usize, channel: Option<&CompletionChannel>) -> CompletionQueue {
+        CompletionQueue {
+            inner: Arc::new(CqInner {
+                queue: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+                capacity,
+                overflowed: AtomicBool::new(false),
+                armed: AtomicU8::new(UNARMED),
+                channel: channel.map(|c| c.inner.clone()),
+            }),
+            ctx,
+        }
+    }
+
+    /// The capacity the CQ was created with.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    fn take(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if self.inner.overflowed.swap(false, Ordering::AcqRel) {
+            return Err(Error::CqOverflow(self.inner.capacity));
+        }
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.len().min(q.len());
+        for slot in out.iter_mut().take(n) {
+            if let Some(wc) = q.pop_front() {
+                *slot = wc;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Moves up to `out.len()` completions into `out` and returns how many (as `ibv_poll_cq`).
+    /// When none is waiting, drives the engine once inline first. An overflow is reported once
+    /// as [`Error::CqOverflow`]; no completion is dropped.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.take(out)?;
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        self.ctx.shared.progress_inline();
+        self.take(out)
+    }
+
+    /// The next completion, if any.
+    pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {
+        let mut one = [empty_wc()];
+        Ok((self.poll(&mut one)? == 1).then_some(one[0]))
+    }
+
+    /// Busy-polls until `n` completions arrived or `timeout` passed; returns them in order.
+    pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<WorkCompletion>> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut got = Vec::with_capacity(n);
+        let mut buf = vec![empty_wc(); n.clamp(1, 64)];
+        while got.len() < n && std::time::Instant::now() < deadline {
+            let k = self.poll(&mut buf[..(n - got.len()).min(64)])?;
+            got.extend_from_slice(&buf[..k]);
+            if k == 0 {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(got)
+    }
+
+    /// Arms the CQ: its channel fires once at the next completion (or the next solicited or
+    /// error completion when `solicited_only`).
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.channel.is_none() {
+            return Err(Error::InvalidArgument("the CQ has no completion channel".into()));
+        }
+        let mode = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
+        self.inner.armed.store(mode, Ordering::Release);
+        Ok(())
+    }
+
+    /// Completions waiting now.
+    pub fn len(&self) -> usize {
+        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A placeholder completion for output buffers.
+pub fn empty_wc() -> WorkCompletion {
+    WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: ferroce_proto::WcOpcode::Send,
+        byte_len: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: 0,
+        solicited: false,
+    }
+}

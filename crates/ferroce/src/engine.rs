@@ -1,0 +1,331 @@
+//! The UDP provider's engine: the part of ferroce that plays the NIC.
+//!
+//! One pass of [`progress`] reads every datagram waiting on the context's socket (in
+//! `recvmmsg` batches), checks its ICRC, hands it to the QP its destination QPN names, runs the
+//! QPs' timers, lets every QP transmit what it can (in `sendmmsg` batches from its own socket),
+//! and moves completions to their CQs. Passes run on the engine thread, so one-sided operations
+//! are served while the application sleeps, and inline on application threads that poll a CQ
+//! or post work (whoever holds the engine lock makes progress).
+//!
+//! The engine thread spins while traffic flows and for [`SPIN`] after, then sleeps in `poll(2)`
+//! on the socket and the doorbell eventfd, with the earliest transport timer as timeout: an idle
+//! context burns no CPU. While an application thread is driving progress itself, the engine
+//! thread stays out of its way and only checks in every millisecond.
+//!
+//! # ICRC of received packets
+//! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader. A
+//! ferroce sender uses an unconnected socket with DF set, for which Linux sends Identification
+//! 0; the receiver verifies assuming 0. Packets from senders that vary the field (kernel rxe)
+//! fail that check and are counted as ICRC errors.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferroce_proto::{Instant, WcOpcode, WorkCompletion};
+use ferroce_wire::frame::UdpFrameHeaders;
+use ferroce_wire::opcode::{Operation, Position};
+use ferroce_wire::{icrc, RocePacket};
+
+use crate::context::ContextShared;
+use crate::mr::EngineMemory;
+use crate::qp::QpShared;
+use crate::sys::{self, RecvBatch, BATCH, MAX_DATAGRAM};
+
+/// How long the engine thread keeps spinning after the last work before it sleeps.
+pub(crate) const SPIN: Duration = Duration::from_micros(50);
+/// How often the engine thread checks in while an application thread drives progress.
+const APP_POLL_GRACE: Duration = Duration::from_millis(1);
+
+/// The engine's reusable buffers.
+pub(crate) struct EngineState {
+    rx: RecvBatch,
+    tx: Vec<Vec<u8>>,
+    tx_lens: Vec<usize>,
+    qps: Vec<Arc<QpShared>>,
+    qps_generation: u64,
+    wcs: Vec<WorkCompletion>,
+    /// The earliest transport timer seen in the last pass.
+    next_deadline: Option<Instant>,
+}
+
+impl std::fmt::Debug for EngineState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineState").field("qps", &self.qps.len()).finish()
+    }
+}
+
+impl EngineState {
+    pub(crate) fn new() -> EngineState {
+        EngineState {
+            rx: RecvBatch::new(),
+            tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM]).collect(),
+            tx_lens: vec![0; BATCH],
+            qps: Vec::new(),
+            qps_generation: u64::MAX,
+            wcs: Vec::new(),
+            next_deadline: None,
+        }
+    }
+}
+
+impl ContextShared {
+    pub(crate) fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Drives progress from an application thread if the engine is free.
+    pub(crate) fn progress_inline(&self) -> bool {
+        let until = self.now() + APP_POLL_GRACE;
+        self.app_polling_until.store(until.as_nanos(), Ordering::Release);
+        match self.engine.try_lock() {
+            Ok(mut st) => progress(self, &mut st),
+            Err(_) => false,
+        }
+    }
+
+    /// After a post: transmit now if the engine is free, else make sure it wakes.
+    pub(crate) fn doorbell(&self, qp: &Arc<QpShared>) {
+        match self.engine.try_lock() {
+            Ok(mut st) => {
+                let now = self.now();
+                transmit_qp(self, &mut st, qp, now);
+            }
+            Err(_) => {
+                if self.sleeping.load(Ordering::SeqCst) {
+                    self.doorbell_fd.notify();
+                }
+            }
+        }
+    }
+}
+
+/// One pass of the engine. Returns whether anything happened.
+pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
+    let now = shared.now();
+    let mut did = false;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
+    loop {
+        let n = match st.rx.recv(fd) {
+            Ok(n) => n,
+            Err(_) => 0,
+        };
+        if n == 0 {
+            break;
+        }
+        did = true;
+        for i in 0..n {
+            if let Some((bytes, from)) = st.rx.get(i) {
+                deliver(shared, now, bytes, from);
+            }
+        }
+        if n < BATCH {
+            break;
+        }
+    }
+    let generation = shared.qps_generation.load(Ordering::Acquire);
+    if generation != st.qps_generation {
+        st.qps = shared.qps.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        st.qps_generation = generation;
+    }
+    st.next_deadline = None;
+    let qps = std::mem::take(&mut st.qps);
+    for qp in &qps {
+        {
+            let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+            if q.next_timeout().is_some_and(|t| t <= now) {
+                q.handle_timeout(now);
+            }
+        }
+        did |= transmit_qp(shared, st, qp, now);
+        let deadline = qp.qp.lock().unwrap_or_else(|e| e.into_inner()).next_timeout();
+        st.next_deadline = match (st.next_deadline, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    st.qps = qps;
+    did
+}
+
+/// Sends everything `qp` can send now and moves its completions to their CQs.
+fn transmit_qp(shared: &ContextShared, st: &mut EngineState, qp: &Arc<QpShared>, now: Instant) -> bool {
+    let peer = *qp.peer.lock().unwrap_or_else(|e| e.into_inner());
+    let mut did = false;
+    loop {
+        let mut k = 0;
+        {
+            let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut mem = EngineMemory { table: &shared.mrs };
+            while k < BATCH {
+                let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else { break };
+                st.tx_lens[k] = n;
+                k += 1;
+            }
+            while let Some(wc) = q.poll_completion() {
+                st.wcs.push(wc);
+            }
+        }
+        if !st.wcs.is_empty() {
+            did = true;
+            route_completions(qp, &mut st.wcs);
+        }
+        if k == 0 {
+            break;
+        }
+        did = true;
+        let Some(peer) = peer else {
+            // A QP sends only after RTR, which sets the peer; nothing to do otherwise.
+            break;
+        };
+        let src = SocketAddr::new(shared.local.ip(), qp.src_port);
+        let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
+        h.dst_port = peer.port();
+        for i in 0..k {
+            let n = st.tx_lens[i];
+            let buf = &mut st.tx[i][..n];
+            if let Ok(hdrs) = h.ip_udp_headers(n) {
+                if let Ok(crc) = icrc::compute(hdrs.ip(), hdrs.udp(), &buf[..n - 4]) {
+                    RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
+                }
+            }
+            if let Some(c) = &shared.capture {
+                c.record(src, peer, buf);
+            }
+        }
+        let packets: Vec<(&[u8], SocketAddr)> = (0..k).map(|i| (&st.tx[i][..st.tx_lens[i]], peer)).collect();
+        let bytes: usize = packets.iter().map(|(b, _)| b.len()).sum();
+        match sys::send_batch(qp.send_fd(), &packets) {
+            Ok(sent) => {
+                shared.counters.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+                shared.counters.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                if sent < k {
+                    // The rest is recovered by the transport's retransmission, like a drop.
+                    shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(_) => {
+                shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if k < BATCH {
+            break;
+        }
+    }
+    did
+}
+
+fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
+    let is_recv = |w: &WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    if wcs.iter().all(|w| !is_recv(w)) {
+        qp.send_cq.push(wcs);
+    } else if wcs.iter().all(is_recv) {
+        qp.recv_cq.push(wcs);
+    } else {
+        let (recv, send): (Vec<WorkCompletion>, Vec<WorkCompletion>) = wcs.iter().partition(|w| is_recv(w));
+        qp.send_cq.push(&send);
+        qp.recv_cq.push(&recv);
+    }
+    wcs.clear();
+}
+
+/// Checks one datagram and hands it to its QP.
+fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr) {
+    let c = &shared.counters;
+    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+    c.rx_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    let Ok(pkt) = RocePacket::new_checked(bytes) else {
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let mut h = UdpFrameHeaders::roce(from.ip(), from.port(), shared.local.ip());
+    h.dst_port = shared.local.port();
+    let ok = h
+        .ip_udp_headers(bytes.len())
+        .ok()
+        .and_then(|hdrs| icrc::verify(hdrs.ip(), hdrs.udp(), pkt.covered(), pkt.icrc()).ok())
+        .unwrap_or(false);
+    if let Some(cap) = &shared.capture {
+        cap.record(from, shared.local, bytes);
+    }
+    if !ok {
+        c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let qpn = pkt.bth().dest_qpn();
+    let Some(qp) = shared.qps.read().unwrap_or_else(|e| e.into_inner()).get(&qpn).cloned() else {
+        c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    // A connected QP takes packets from its peer's address only (the port may differ: every
+    // peer QP sends from its own port).
+    let peer = *qp.peer.lock().unwrap_or_else(|e| e.into_inner());
+    if peer.is_some_and(|p| p.ip() != from.ip()) {
+        c.wrong_source.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(srq) = &qp.srq {
+        // A message that needs a receive request takes one from the SRQ at the moment it is
+        // due, so requests are not parked on QPs that do not need them.
+        let needs_recv = pkt.info().is_some_and(|i| {
+            (i.operation == Operation::Send && i.position.starts_message())
+                || (pkt.immdt().is_some() && i.operation == Operation::RdmaWrite && i.position != Position::First)
+        });
+        if needs_recv && q.recv_queue_len() == 0 && pkt.bth().psn() == q.expected_psn() {
+            if let Some(wr) = srq.pop() {
+                let _ = q.post_recv(wr);
+            }
+        }
+    }
+    let mut mem = EngineMemory { table: &shared.mrs };
+    // The ICRC already passed; a packet that does not parse is counted by the QP as dropped.
+    let _ = q.handle_packet(now, &mut mem, bytes);
+}
+
+/// The engine thread.
+pub(crate) fn run(shared: Arc<ContextShared>) {
+    let mut last_work = std::time::Instant::now();
+    let sock = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
+    let bell = shared.doorbell_fd.fd();
+    while !shared.shutdown.load(Ordering::Acquire) {
+        let app_driving = shared.app_polling_until.load(Ordering::Acquire) > shared.now().as_nanos();
+        let did = !app_driving
+            && match shared.engine.try_lock() {
+                Ok(mut st) => progress(&shared, &mut st),
+                Err(_) => false,
+            };
+        if did {
+            last_work = std::time::Instant::now();
+            continue;
+        }
+        if !app_driving && last_work.elapsed() < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        // About to sleep: announce it, then look once more so that a post racing with the
+        // announcement is either seen here or rings the doorbell.
+        shared.sleeping.store(true, Ordering::SeqCst);
+        let (did, deadline) = match shared.engine.try_lock() {
+            Ok(mut st) if !app_driving => (progress(&shared, &mut st), st.next_deadline),
+            Ok(st) => (false, st.next_deadline),
+            Err(_) => (false, None),
+        };
+        if did {
+            shared.sleeping.store(false, Ordering::SeqCst);
+            last_work = std::time::Instant::now();
+            continue;
+        }
+        let now = shared.now();
+        let timeout = if app_driving {
+            Some(APP_POLL_GRACE)
+        } else {
+            deadline.map(|d| d.saturating_since(now))
+        };
+        let fds: &[std::os::fd::RawFd] = if app_driving { &[bell] } else { &[sock, bell] };
+        let _ = sys::wait_readable(fds, timeout);
+        shared.sleeping.store(false, Ordering::SeqCst);
+        shared.doorbell_fd.drain();
+    }
+}

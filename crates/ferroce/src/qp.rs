@@ -1,0 +1,212 @@
+//! Queue pairs and shared receive queues of the verbs API.
+//!
+//! A [`QueuePair`] wraps the transport's [`ferroce_proto::QueuePair`] behind a mutex shared with
+//! the engine: posting is a call on the transport (so errors come back at once, as from
+//! `ibv_post_send`) followed by a doorbell, which transmits inline when the engine is free.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use ferroce_proto::{InitAttr, PostError, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
+
+use crate::context::ContextInner;
+use crate::cq::{CompletionQueue, CqInner};
+use crate::device::ip_of;
+use crate::error::{Error, Result};
+
+/// How a QP is created.
+#[derive(Debug)]
+pub struct QpInitAttr<'a> {
+    /// Where send completions go.
+    pub send_cq: &'a CompletionQueue,
+    /// Where receive completions go.
+    pub recv_cq: &'a CompletionQueue,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// A shared receive queue to take receive requests from instead of the QP's own.
+    pub srq: Option<&'a SharedReceiveQueue>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqInner {
+    queue: Mutex<VecDeque<RecvWr>>,
+    max_wr: usize,
+    max_sge: usize,
+}
+
+impl SrqInner {
+    pub(crate) fn pop(&self) -> Option<RecvWr> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+    }
+}
+
+/// A shared receive queue: receive requests any attached QP can consume.
+#[derive(Debug, Clone)]
+pub struct SharedReceiveQueue {
+    pub(crate) inner: Arc<SrqInner>,
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn new(max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
+        SharedReceiveQueue { inner: Arc::new(SrqInner { queue: Mutex::new(VecDeque::new()), max_wr, max_sge }) }
+    }
+
+    /// Posts a receive request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if wr.sgl.len() > self.inner.max_sge {
+            return Err(PostError::TooManySge { given: wr.sgl.len(), max: self.inner.max_sge as u32 }.into());
+        }
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= self.inner.max_wr {
+            return Err(PostError::QueueFull(self.inner.max_wr as u32).into());
+        }
+        q.push_back(wr);
+        Ok(())
+    }
+
+    /// Receive requests waiting.
+    pub fn len(&self) -> usize {
+        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether none is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What the engine shares with a QP handle.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    pub qpn: u32,
+    pub qp: Mutex<ferroce_proto::QueuePair>,
+    pub send_cq: Arc<CqInner>,
+    pub recv_cq: Arc<CqInner>,
+    pub srq: Option<Arc<SrqInner>>,
+    /// The peer's address and UDP port, set at RTR.
+    pub peer: Mutex<Option<SocketAddr>>,
+    /// This QP's own sending socket: RoCE v2 gives each QP its own UDP source port, so that
+    /// routers spread QPs over paths (ECMP).
+    pub send_socket: UdpSocket,
+    pub src_port: u16,
+}
+
+impl QpShared {
+    pub(crate) fn send_fd(&self) -> std::os::fd::RawFd {
+        self.send_socket.as_raw_fd()
+    }
+}
+
+/// A reliable-connection queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    pub(crate) shared: Arc<QpShared>,
+    pub(crate) ctx: Arc<ContextInner>,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    /// The UDP source port this QP sends from.
+    pub fn udp_src_port(&self) -> u16 {
+        self.shared.src_port
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut ferroce_proto::QueuePair) -> T) -> T {
+        let mut q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut q)
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.with(|q| q.state())
+    }
+
+    /// The transport's counters for this QP.
+    pub fn counters(&self) -> ferroce_proto::Counters {
+        self.with(|q| *q.counters())
+    }
+
+    /// The next PSN this QP will use (to tell the peer, before RTS it is the initial PSN).
+    pub fn next_send_psn(&self) -> ferroce_wire::Psn {
+        self.with(|q| q.next_send_psn())
+    }
+
+    /// RESET → INIT.
+    pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        Ok(self.with(|q| q.modify_to_init(attr))?)
+    }
+
+    /// INIT → RTR, with the peer on the standard RoCE v2 port 4791.
+    pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        self.modify_to_rtr_with_port(attr, ferroce_wire::ROCE_V2_UDP_PORT)
+    }
+
+    /// INIT → RTR, with the peer's RoCE socket on `dest_udp_port` (ferroce lets several
+    /// unprivileged processes share a host, each on its own port).
+    pub fn modify_to_rtr_with_port(&self, attr: &RtrAttr, dest_udp_port: u16) -> Result<()> {
+        let peer_ip = ip_of(attr.dest_gid);
+        let local_ip = self.ctx.shared.local.ip();
+        if matches!((peer_ip, local_ip), (IpAddr::V4(_), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(_))) {
+            return Err(Error::InvalidArgument(format!(
+                "peer GID {} and local address {local_ip} are of different IP families",
+                attr.dest_gid
+            )));
+        }
+        self.with(|q| q.modify_to_rtr(attr))?;
+        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(SocketAddr::new(peer_ip, dest_udp_port));
+        Ok(())
+    }
+
+    /// RTR → RTS.
+    pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        self.with(|q| q.modify_to_rts(attr))?;
+        Ok(())
+    }
+
+    /// Any state → ERR: outstanding work completes with the flush status.
+    pub fn modify_to_error(&self) {
+        self.with(|q| q.modify_to_error());
+        self.ctx.shared.doorbell(&self.shared);
+    }
+
+    /// Any state → RESET.
+    pub fn reset(&self) {
+        self.with(|q| q.reset());
+        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Posts a send work request and rings the doorbell.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        self.with(|q| q.post_send(wr))?;
+        self.ctx.shared.doorbell(&self.shared);
+        Ok(())
+    }
+
+    /// Posts several send work requests with one doorbell; stops at the first refused one.
+    pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
+        let r = self.with(|q| wrs.into_iter().try_for_each(|wr| q.post_send(wr)));
+        self.ctx.shared.doorbell(&self.shared);
+        Ok(r?)
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if self.shared.srq.is_some() {
+            return Err(Error::InvalidArgument("this QP takes its receives from a shared receive queue".into()));
+        }
+        self.with(|q| q.post_recv(wr))?;
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.ctx.shared.remove_qp(self.shared.qpn);
+    }
+}
