@@ -107,10 +107,9 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
     let mut did = false;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
     loop {
-        let n = match st.rx.recv(fd) {
-            Ok(n) => n,
-            Err(_) => 0,
-        };
+        // A receive error on a UDP socket (an ICMP error from an earlier send) is not ours
+        // to handle: the transport's retransmission covers whatever it cost.
+        let n = st.rx.recv(fd).unwrap_or_default();
         if n == 0 {
             break;
         }

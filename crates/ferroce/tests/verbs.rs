@@ -1,0 +1,233 @@
+//! The verbs API between two contexts on loopback, over real UDP sockets: every operation and
+//! size, shared receive queues, completion channels, many QPs, and teardown.
+
+use std::time::Duration;
+
+use ferroce::{
+    device_by_name, Access, CompletionQueue, Context, ContextOptions, InitAttr, MemoryRegion, ProtectionDomain, QpCaps,
+    QpInitAttr, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
+};
+
+const T: Duration = Duration::from_secs(20);
+
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+}
+
+fn side() -> Side {
+    let ctx = device_by_name("lo").unwrap().open(&ContextOptions { capture: None, ..ContextOptions::with_port(0) }).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096, None).unwrap();
+    Side { ctx, pd, cq }
+}
+
+fn qp(s: &Side, srq: Option<&SharedReceiveQueue>) -> QueuePair {
+    let caps = QpCaps { max_send_wr: 512, max_recv_wr: 512, ..QpCaps::default() };
+    s.pd.create_qp(&QpInitAttr { send_cq: &s.cq, recv_cq: &s.cq, caps, srq }).unwrap()
+}
+
+fn connect(a: &QueuePair, actx: &Context, b: &QueuePair, bctx: &Context) {
+    for (q, peer, pctx, psn) in [(a, b, bctx, 1000u32), (b, a, actx, 5000)] {
+        q.modify_to_init(&InitAttr::default()).unwrap();
+        let rtr = RtrAttr {
+            path_mtu: ferroce::PathMtu::Mtu4096,
+            dest_qpn: peer.qpn(),
+            dest_gid: pctx.gid(),
+            rq_psn: ferroce::Psn::new(if psn == 1000 { 5000 } else { 1000 }),
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 1,
+        };
+        q.modify_to_rtr_with_port(&rtr, pctx.local_addr().port()).unwrap();
+        let rts = RtsAttr { sq_psn: ferroce::Psn::new(psn), timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 16 };
+        q.modify_to_rts(&rts).unwrap();
+    }
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(7) ^ (i >> 8)) as u8).collect()
+}
+
+fn pair() -> (Side, Side, QueuePair, QueuePair) {
+    let (a, b) = (side(), side());
+    let (qa, qb) = (qp(&a, None), qp(&b, None));
+    connect(&qa, &a.ctx, &qb, &b.ctx);
+    (a, b, qa, qb)
+}
+
+const SIZES: [usize; 9] = [0, 1, 1023, 4095, 4096, 4097, 65_536, 1 << 20, 16 << 20];
+
+fn mr(s: &Side, len: usize) -> MemoryRegion {
+    s.pd.alloc_mr(len.max(8), Access::ALL).unwrap()
+}
+
+fn sgl(m: &MemoryRegion, len: usize) -> Vec<ferroce::Sge> {
+    if len == 0 {
+        vec![]
+    } else {
+        vec![m.sge(0, len).unwrap()]
+    }
+}
+
+#[test]
+fn write_read_send_at_every_size_up_to_16_mib() {
+    let (a, b, qa, qb) = pair();
+    for (i, &len) in SIZES.iter().enumerate() {
+        let data = pattern(i, len);
+        let src = mr(&a, len);
+        let dst = mr(&b, len);
+        src.write(0, &data).unwrap();
+        // WRITE A → B.
+        qa.post_send(SendWr::new(1, SendOp::Write, sgl(&src, len)).remote(dst.addr(), dst.rkey())).unwrap();
+        let wc = a.cq.wait(1, T).unwrap();
+        assert_eq!((wc[0].status, wc[0].opcode), (WcStatus::Success, WcOpcode::RdmaWrite), "WRITE {len}");
+        assert!(dst.to_vec(0, len).unwrap() == data, "WRITE {len}: bytes differ");
+        // READ it back into a fresh buffer.
+        let back = mr(&a, len);
+        qa.post_send(SendWr::new(2, SendOp::Read, sgl(&back, len)).remote(dst.addr(), dst.rkey())).unwrap();
+        let wc = a.cq.wait(1, T).unwrap();
+        assert_eq!((wc[0].status, wc[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead), "READ {len}");
+        assert!(back.to_vec(0, len).unwrap() == data, "READ {len}: bytes differ");
+        // SEND with immediate A → B.
+        let rbuf = mr(&b, len);
+        qb.post_recv(RecvWr { wr_id: 70, sgl: sgl(&rbuf, len) }).unwrap();
+        qa.post_send(SendWr::new(3, SendOp::SendWithImm(len as u32), sgl(&src, len))).unwrap();
+        let wa = a.cq.wait(1, T).unwrap();
+        let wb = b.cq.wait(1, T).unwrap();
+        assert_eq!(wa[0].status, WcStatus::Success);
+        assert_eq!((wb[0].wr_id, wb[0].status, wb[0].byte_len as usize, wb[0].imm_data), (70, WcStatus::Success, len, Some(len as u32)));
+        assert!(rbuf.to_vec(0, len).unwrap() == data, "SEND {len}: bytes differ");
+    }
+}
+
+#[test]
+fn write_with_immediate_and_atomics() {
+    let (a, b, qa, qb) = pair();
+    let src = mr(&a, 4096);
+    let dst = mr(&b, 4096);
+    src.write(0, &pattern(1, 4096)).unwrap();
+    qb.post_recv(RecvWr { wr_id: 9, sgl: vec![] }).unwrap();
+    qa.post_send(SendWr::new(1, SendOp::WriteWithImm(0xabcd), vec![src.sge(0, 4096).unwrap()]).remote(dst.addr(), dst.rkey()))
+        .unwrap();
+    let wb = b.cq.wait(1, T).unwrap();
+    assert_eq!((wb[0].opcode, wb[0].imm_data, wb[0].byte_len), (WcOpcode::RecvRdmaWithImm, Some(0xabcd), 4096));
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(1, 4096));
+
+    let result = mr(&a, 128);
+    dst.write_u64(0, 100).unwrap();
+    for i in 0..10u64 {
+        let wr = SendWr::new(10 + i, SendOp::FetchAdd { add: 3 }, vec![result.sge(8 * i as usize, 8).unwrap()]);
+        qa.post_send(wr.remote(dst.addr(), dst.rkey())).unwrap();
+    }
+    let wcs = a.cq.wait(10, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::FetchAdd));
+    for i in 0..10 {
+        assert_eq!(result.read_u64(8 * i).unwrap(), 100 + 3 * i as u64);
+    }
+    assert_eq!(dst.read_u64(0).unwrap(), 130);
+    let wr = SendWr::new(30, SendOp::CompareSwap { compare: 130, swap: 7 }, vec![result.sge(0, 8).unwrap()]);
+    qa.post_send(wr.remote(dst.addr(), dst.rkey())).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].opcode, WcOpcode::CompareSwap);
+    assert_eq!((result.read_u64(0).unwrap(), dst.read_u64(0).unwrap()), (130, 7));
+}
+
+#[test]
+fn bad_rkey_gives_remote_access_error_and_untouched_memory() {
+    let (a, b, qa, _qb) = pair();
+    let src = mr(&a, 64);
+    let dst = mr(&b, 64);
+    src.fill(0, 64, 0xee).unwrap();
+    qa.post_send(SendWr::new(1, SendOp::Write, vec![src.sge(0, 64).unwrap()]).remote(dst.addr(), dst.rkey() ^ 0x100)).unwrap();
+    qa.post_send(SendWr::new(2, SendOp::Write, vec![src.sge(0, 64).unwrap()]).remote(dst.addr(), dst.rkey())).unwrap();
+    let wcs = a.cq.wait(2, T).unwrap();
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RemoteAccessError));
+    assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WorkRequestFlushed));
+    assert!(dst.to_vec(0, 64).unwrap().iter().all(|&x| x == 0));
+    assert_eq!(qa.state(), ferroce::QpState::Error);
+}
+
+#[test]
+fn shared_receive_queue_feeds_several_qps() {
+    let (a, b) = (side(), side());
+    let srq = b.pd.create_srq(64, 1).unwrap();
+    let pairs: Vec<(QueuePair, QueuePair)> = (0..3)
+        .map(|_| {
+            let (qa, qb) = (qp(&a, None), qp(&b, Some(&srq)));
+            connect(&qa, &a.ctx, &qb, &b.ctx);
+            (qa, qb)
+        })
+        .collect();
+    let bufs = mr(&b, 6 * 64);
+    for i in 0..6 {
+        srq.post_recv(RecvWr { wr_id: 100 + i as u64, sgl: vec![bufs.sge(i * 64, 64).unwrap()] }).unwrap();
+    }
+    assert!(pairs[0].1.post_recv(RecvWr { wr_id: 1, sgl: vec![] }).is_err(), "an SRQ QP has no own receive queue");
+    let src = mr(&a, 64);
+    for (i, (qa, _)) in pairs.iter().enumerate() {
+        for j in 0..2 {
+            src.write(0, &[(i * 2 + j) as u8; 64]).unwrap();
+            qa.post_send(SendWr::new(j as u64, SendOp::Send, vec![src.sge(0, 16).unwrap()])).unwrap();
+            a.cq.wait(1, T).unwrap();
+        }
+    }
+    let wcs = b.cq.wait(6, T).unwrap();
+    assert_eq!(wcs.len(), 6);
+    let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (100..106).collect::<Vec<_>>(), "each SRQ entry consumed once");
+    assert!(srq.is_empty());
+}
+
+#[test]
+fn completion_channel_wakes_a_blocked_thread() {
+    let (a, b) = (side(), side());
+    let ch = b.ctx.create_comp_channel().unwrap();
+    let cq = b.ctx.create_cq(16, Some(&ch)).unwrap();
+    let qa = qp(&a, None);
+    let qb = b.pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, caps: QpCaps::default(), srq: None }).unwrap();
+    connect(&qa, &a.ctx, &qb, &b.ctx);
+    let buf = mr(&b, 64);
+    qb.post_recv(RecvWr { wr_id: 5, sgl: vec![buf.sge(0, 64).unwrap()] }).unwrap();
+    cq.req_notify(false).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let got = ch.get_event(Some(Duration::from_secs(10))).unwrap();
+        (got, cq.poll_one().unwrap())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let src = mr(&a, 8);
+    qa.post_send(SendWr::new(1, SendOp::Send, vec![src.sge(0, 8).unwrap()])).unwrap();
+    let (got, wc) = waiter.join().unwrap();
+    assert!(got, "the event arrived");
+    assert_eq!(wc.map(|w| (w.wr_id, w.status)), Some((5, WcStatus::Success)));
+}
+
+#[test]
+fn sixty_four_qps_at_once() {
+    let (a, b) = (side(), side());
+    let pairs: Vec<(QueuePair, QueuePair)> = (0..64)
+        .map(|_| {
+            let (qa, qb) = (qp(&a, None), qp(&b, None));
+            connect(&qa, &a.ctx, &qb, &b.ctx);
+            (qa, qb)
+        })
+        .collect();
+    let len = 8192;
+    let src = mr(&a, len);
+    let dst = mr(&b, len * 64);
+    src.write(0, &pattern(3, len)).unwrap();
+    for (i, (qa, _)) in pairs.iter().enumerate() {
+        for k in 0..4u64 {
+            let wr = SendWr::new(k, SendOp::Write, vec![src.sge(0, len).unwrap()]).remote(dst.addr() + (i * len) as u64, dst.rkey());
+            qa.post_send(wr).unwrap();
+        }
+    }
+    let wcs = a.cq.wait(256, T).unwrap();
+    assert_eq!(wcs.len(), 256);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    for i in 0..64 {
+        assert_eq!(dst.to_vec(i * len, len).unwrap(), pattern(3, len), "QP {i}");
+    }
+    assert_eq!(a.ctx.queue_pair_count(), 64);
+}
