@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 mod decode;
+mod perf;
 mod sim;
 
 use std::process::ExitCode;
@@ -25,6 +26,8 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Run the RC transport through a seeded, lossy, simulated network and check its promises.
     Sim(sim::SimArgs),
+    /// perftest-style latency and bandwidth tests (server, client, or --loopback).
+    Perf(perf::PerfArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Perf(args) => perf::run(&args),
     };
     match result {
         Ok(code) => code,

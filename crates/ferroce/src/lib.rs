@@ -62,10 +62,10 @@ pub use cq::{empty_wc, CompletionChannel, CompletionQueue};
 pub use device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
 pub use error::{Error, Result};
 pub use mr::MemoryRegion;
-pub use qp::{QpInitAttr, QueuePair, SharedReceiveQueue};
+pub use qp::{ConnectOptions, QpInitAttr, QueuePair, SharedReceiveQueue};
 
 pub use ferroce_proto::{
-    Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr, RtsAttr, SendFlags,
-    SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr,
+    RtsAttr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use ferroce_wire::Psn;

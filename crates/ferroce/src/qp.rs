@@ -38,7 +38,10 @@ pub(crate) struct SrqInner {
 
 impl SrqInner {
     pub(crate) fn pop(&self) -> Option<RecvWr> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
     }
 }
 
@@ -50,13 +53,23 @@ pub struct SharedReceiveQueue {
 
 impl SharedReceiveQueue {
     pub(crate) fn new(max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
-        SharedReceiveQueue { inner: Arc::new(SrqInner { queue: Mutex::new(VecDeque::new()), max_wr, max_sge }) }
+        SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                queue: Mutex::new(VecDeque::new()),
+                max_wr,
+                max_sge,
+            }),
+        }
     }
 
     /// Posts a receive request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if wr.sgl.len() > self.inner.max_sge {
-            return Err(PostError::TooManySge { given: wr.sgl.len(), max: self.inner.max_sge as u32 }.into());
+            return Err(PostError::TooManySge {
+                given: wr.sgl.len(),
+                max: self.inner.max_sge as u32,
+            }
+            .into());
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.len() >= self.inner.max_wr {
@@ -68,7 +81,11 @@ impl SharedReceiveQueue {
 
     /// Receive requests waiting.
     pub fn len(&self) -> usize {
-        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Whether none is waiting.
@@ -152,14 +169,18 @@ impl QueuePair {
     pub fn modify_to_rtr_with_port(&self, attr: &RtrAttr, dest_udp_port: u16) -> Result<()> {
         let peer_ip = ip_of(attr.dest_gid);
         let local_ip = self.ctx.shared.local.ip();
-        if matches!((peer_ip, local_ip), (IpAddr::V4(_), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(_))) {
+        if matches!(
+            (peer_ip, local_ip),
+            (IpAddr::V4(_), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(_))
+        ) {
             return Err(Error::InvalidArgument(format!(
                 "peer GID {} and local address {local_ip} are of different IP families",
                 attr.dest_gid
             )));
         }
         self.with(|q| q.modify_to_rtr(attr))?;
-        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(SocketAddr::new(peer_ip, dest_udp_port));
+        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(SocketAddr::new(peer_ip, dest_udp_port));
         Ok(())
     }
 
@@ -198,7 +219,9 @@ impl QueuePair {
     /// Posts a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if self.shared.srq.is_some() {
-            return Err(Error::InvalidArgument("this QP takes its receives from a shared receive queue".into()));
+            return Err(Error::InvalidArgument(
+                "this QP takes its receives from a shared receive queue".into(),
+            ));
         }
         self.with(|q| q.post_recv(wr))?;
         Ok(())
@@ -208,5 +231,90 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         self.ctx.shared.remove_qp(self.shared.qpn);
+    }
+}
+
+/// The attributes a connection fixes beyond what the peers exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// What the peer may do through this QP.
+    pub access: ferroce_proto::Access,
+    /// Local ACK timeout code (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer code this side asks the peer to wait.
+    pub min_rnr_timer: u8,
+    /// READ/atomic requests this side keeps outstanding (capped by what the peer serves).
+    pub max_rd_atomic: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            access: ferroce_proto::Access::REMOTE_READ
+                .with(ferroce_proto::Access::REMOTE_WRITE)
+                .with(ferroce_proto::Access::REMOTE_ATOMIC),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+impl QueuePair {
+    /// This QP's side of a connection exchange: its number, first PSN, the context's GID and
+    /// UDP port, the device's path MTU and what it serves, and optionally a region for the peer.
+    pub fn endpoint_info(
+        &self,
+        psn: ferroce_wire::Psn,
+        region: Option<crate::cm::RemoteRegion>,
+    ) -> crate::cm::EndpointInfo {
+        crate::cm::EndpointInfo {
+            qpn: self.qpn(),
+            psn,
+            gid: crate::device::gid_of(self.ctx.shared.local.ip()),
+            udp_port: self.ctx.shared.local.port(),
+            mtu: self.ctx.shared.device.active_mtu(),
+            max_rd_atomic: ferroce_proto::attr::MAX_RD_ATOMIC,
+            region,
+        }
+    }
+
+    /// Brings a QP in RESET (or INIT) to RTS, connected to `peer` as exchanged with [`crate::cm`]:
+    /// the path MTU is the smaller of both sides', the PSNs are the exchanged ones.
+    pub fn connect(
+        &self,
+        local: &crate::cm::EndpointInfo,
+        peer: &crate::cm::EndpointInfo,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
+        if self.state() == QpState::Reset {
+            self.modify_to_init(&InitAttr {
+                access: opts.access,
+                ..InitAttr::default()
+            })?;
+        }
+        let rtr = RtrAttr {
+            path_mtu: local.mtu.min(peer.mtu),
+            dest_qpn: peer.qpn,
+            dest_gid: peer.gid,
+            rq_psn: peer.psn,
+            max_dest_rd_atomic: local.max_rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+        };
+        self.modify_to_rtr_with_port(&rtr, peer.udp_port)?;
+        let rts = RtsAttr {
+            sq_psn: local.psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.max_rd_atomic.min(peer.max_rd_atomic).max(1),
+        };
+        self.modify_to_rts(&rts)
     }
 }
