@@ -5,6 +5,8 @@
 #![warn(missing_docs)]
 
 mod decode;
+mod demo;
+mod devices;
 mod perf;
 mod sim;
 
@@ -16,8 +18,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "ferroce", version, about)]
 struct Cli {
+    /// With no command: a guided demo on loopback.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -28,6 +31,10 @@ enum Command {
     Sim(sim::SimArgs),
     /// perftest-style latency and bandwidth tests (server, client, or --loopback).
     Perf(perf::PerfArgs),
+    /// SEND/RECV ping-pong, like ibv_rc_pingpong (server without HOST, client with).
+    Pingpong(perf::PingpongArgs),
+    /// List devices and their GID tables, like ibv_devinfo.
+    Devices,
 }
 
 fn main() -> ExitCode {
@@ -47,11 +54,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
+    let Some(command) = cli.command else {
+        return finish(demo::run());
+    };
+    let result = match command {
         Command::Decode(args) => decode::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Perf(args) => perf::run(&args),
+        Command::Pingpong(args) => perf::pingpong(&args),
+        Command::Devices => devices::run(),
     };
+    finish(result)
+}
+
+fn finish(result: Result<ExitCode, String>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(msg) => {

@@ -37,7 +37,9 @@ impl Default for ContextOptions {
         ContextOptions {
             gid_index: 0,
             port: ferroce_wire::ROCE_V2_UDP_PORT,
-            capture: std::env::var_os("FERROCE_PCAP").filter(|v| !v.is_empty()).map(PathBuf::from),
+            capture: std::env::var_os("FERROCE_PCAP")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
         }
     }
 }
@@ -45,7 +47,10 @@ impl Default for ContextOptions {
 impl ContextOptions {
     /// The defaults with another UDP port.
     pub fn with_port(port: u16) -> ContextOptions {
-        ContextOptions { port, ..ContextOptions::default() }
+        ContextOptions {
+            port,
+            ..ContextOptions::default()
+        }
     }
 }
 
@@ -111,7 +116,10 @@ pub(crate) struct ContextShared {
 
 impl ContextShared {
     pub(crate) fn remove_qp(&self, qpn: u32) {
-        self.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&qpn);
+        self.qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
         self.qps_generation.fetch_add(1, Ordering::AcqRel);
     }
 }
@@ -144,12 +152,24 @@ pub struct Context {
 
 fn bind_socket(addr: SocketAddr, rcvbuf: usize) -> std::io::Result<UdpSocket> {
     let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    // Large buffers absorb bursts of a whole send window; the root-only "force" variant is
+    // Large buffers absorb bursts of a whole send window; the privileged "force" variant is
     // tried first, the ordinary one (capped by net.core.rmem_max) after.
-    if s.set_recv_buffer_size(rcvbuf).is_err() {
+    if !set_int_opt(
+        &s,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        rcvbuf as libc::c_int,
+    ) {
         let _ = s.set_recv_buffer_size(rcvbuf);
     }
-    let _ = s.set_send_buffer_size(rcvbuf);
+    if !set_int_opt(
+        &s,
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUFFORCE,
+        rcvbuf as libc::c_int,
+    ) {
+        let _ = s.set_send_buffer_size(rcvbuf);
+    }
     if addr.is_ipv4() {
         // DF set, as RoCE v2 requires; Linux then sends Identification 0 from an unconnected
         // socket, which is what the ICRC is computed over on both ends.
@@ -160,29 +180,51 @@ fn bind_socket(addr: SocketAddr, rcvbuf: usize) -> std::io::Result<UdpSocket> {
 }
 
 fn set_pmtudisc_do(s: &Socket) {
-    let v: libc::c_int = libc::IP_PMTUDISC_DO;
-    // SAFETY: passes a pointer to a live c_int and its size, as IP_MTU_DISCOVER expects.
+    set_int_opt(
+        s,
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        libc::IP_PMTUDISC_DO,
+    );
+}
+
+/// Sets an integer socket option; returns whether the kernel accepted it.
+fn set_int_opt(s: &Socket, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
+    // SAFETY: passes a pointer to a live c_int and its size, as integer options expect.
     unsafe {
         libc::setsockopt(
             std::os::fd::AsRawFd::as_raw_fd(s),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
+            level,
+            name,
             (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
+        ) == 0
     }
 }
 
 impl Context {
     pub(crate) fn open(device: &Device, options: &ContextOptions) -> Result<Context> {
         let gid = *device.gids().get(options.gid_index).ok_or_else(|| {
-            Error::NoDevice(format!("{} has no GID index {}", device.name(), options.gid_index))
+            Error::NoDevice(format!(
+                "{} has no GID index {}",
+                device.name(),
+                options.gid_index
+            ))
         })?;
         let addr = SocketAddr::new(gid.ip, options.port);
-        let socket = bind_socket(addr, 8 << 20).map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
-        socket.set_nonblocking(true).map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
-        let local = socket.local_addr().map_err(|e| Error::io("reading the RoCE socket's address", e))?;
-        let capture = options.capture.as_deref().map(Capture::create).transpose()?;
+        let socket = bind_socket(addr, 8 << 20)
+            .map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
+        let local = socket
+            .local_addr()
+            .map_err(|e| Error::io("reading the RoCE socket's address", e))?;
+        let capture = options
+            .capture
+            .as_deref()
+            .map(Capture::create)
+            .transpose()?;
         let shared = Arc::new(ContextShared {
             device: device.clone(),
             gid,
@@ -207,7 +249,12 @@ impl Context {
             .name(format!("ferroce-engine-{}", local.port()))
             .spawn(move || engine::run(for_thread))
             .map_err(|e| Error::io("starting the engine thread", e))?;
-        Ok(Context { inner: Arc::new(ContextInner { shared, thread: Mutex::new(Some(thread)) }) })
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
     }
 
     /// The device this context was opened on.
@@ -228,7 +275,10 @@ impl Context {
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         let id = self.inner.shared.next_pd.fetch_add(1, Ordering::Relaxed);
-        Ok(ProtectionDomain { id, ctx: self.inner.clone() })
+        Ok(ProtectionDomain {
+            id,
+            ctx: self.inner.clone(),
+        })
     }
 
     /// Creates a completion channel.
@@ -237,9 +287,15 @@ impl Context {
     }
 
     /// Creates a completion queue of `capacity` entries, optionally tied to a channel.
-    pub fn create_cq(&self, capacity: usize, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+    pub fn create_cq(
+        &self,
+        capacity: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
         if capacity == 0 {
-            return Err(Error::InvalidArgument("a completion queue needs at least one entry".into()));
+            return Err(Error::InvalidArgument(
+                "a completion queue needs at least one entry".into(),
+            ));
         }
         Ok(CompletionQueue::new(self.inner.clone(), capacity, channel))
     }
@@ -274,7 +330,12 @@ impl Context {
 
     /// Queue pairs alive now.
     pub fn queue_pair_count(&self) -> usize {
-        self.inner.shared.qps.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.inner
+            .shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 }
 
@@ -299,7 +360,12 @@ impl ProtectionDomain {
     /// (or any work request naming it) lives, and must not be read or written by the caller in
     /// any other way meanwhile — not even through a shared reference — because a peer or the
     /// engine may write it at any moment. Only access it through the region's `read`/`write`.
-    pub unsafe fn register_raw(&self, ptr: NonNull<u8>, len: usize, access: Access) -> Result<MemoryRegion> {
+    pub unsafe fn register_raw(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
         // SAFETY: the caller's contract is the one `MrInner::borrowed` requires.
         let inner = unsafe { MrInner::borrowed(ptr, len, access, self.id) };
         MemoryRegion::new(inner, self.ctx.clone())
@@ -313,14 +379,18 @@ impl ProtectionDomain {
     /// Creates an RC queue pair in the RESET state.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         let shared = &self.ctx.shared;
-        if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx) {
+        if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx)
+        {
             return Err(Error::Mismatch("a completion queue"));
         }
         let caps: QpCaps = attr.caps;
         let qpn = shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let send_socket = bind_socket(SocketAddr::new(shared.local.ip(), 0), 4 << 20)
             .map_err(|e| Error::io("binding the QP's sending socket", e))?;
-        let src_port = send_socket.local_addr().map_err(|e| Error::io("reading the QP's port", e))?.port();
+        let src_port = send_socket
+            .local_addr()
+            .map_err(|e| Error::io("reading the QP's port", e))?
+            .port();
         let qp = Arc::new(QpShared {
             qpn,
             qp: Mutex::new(ferroce_proto::QueuePair::new(qpn, self.id, caps)),
@@ -331,8 +401,15 @@ impl ProtectionDomain {
             send_socket,
             src_port,
         });
-        shared.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, qp.clone());
+        shared
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, qp.clone());
         shared.qps_generation.fetch_add(1, Ordering::AcqRel);
-        Ok(QueuePair { shared: qp, ctx: self.ctx.clone() })
+        Ok(QueuePair {
+            shared: qp,
+            ctx: self.ctx.clone(),
+        })
     }
 }

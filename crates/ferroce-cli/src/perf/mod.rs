@@ -132,6 +132,62 @@ pub struct PerfArgs {
     /// Seconds to wait for the peer at any step.
     #[arg(long, default_value_t = 10)]
     timeout: u64,
+    /// Print as ibv_rc_pingpong does (set by `ferroce pingpong`).
+    #[arg(skip)]
+    pingpong_style: bool,
+}
+
+/// Arguments of `ferroce pingpong`.
+#[derive(Debug, Clone, Args)]
+pub struct PingpongArgs {
+    /// The server to connect to; without it this process is the server.
+    host: Option<String>,
+    /// Message size.
+    #[arg(long, short = 's', default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
+    size: u64,
+    /// Round trips.
+    #[arg(long, short = 'n', default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    iters: u64,
+    /// TCP port of the connection exchange.
+    #[arg(long, short = 'p', default_value_t = 18515)]
+    port: u16,
+    /// Device to use.
+    #[arg(long, short = 'd')]
+    device: Option<String>,
+    /// Local address to use.
+    #[arg(long)]
+    bind: Option<IpAddr>,
+    /// Run both sides in this process, over loopback.
+    #[arg(long)]
+    loopback: bool,
+    /// Check the bytes of every message.
+    #[arg(long)]
+    verify: bool,
+}
+
+/// Runs `ferroce pingpong`: a SEND/RECV ping-pong printed as ibv_rc_pingpong prints it.
+pub fn pingpong(p: &PingpongArgs) -> Res<ExitCode> {
+    let args = PerfArgs {
+        test: Test::SendLat,
+        host: p.host.clone(),
+        loopback: p.loopback,
+        size: Some(p.size),
+        iters: Some(p.iters),
+        all: false,
+        mtu: None,
+        qps: 1,
+        verify: p.verify,
+        json: false,
+        counters: false,
+        port: p.port,
+        device: p.device.clone(),
+        bind: p.bind,
+        roce_port: 0,
+        tx_depth: 128,
+        timeout: 10,
+        pingpong_style: true,
+    };
+    run(&args)
 }
 
 type Res<T> = Result<T, String>;
@@ -649,7 +705,21 @@ fn serve(args: &PerfArgs, listener: &Listener) -> Res<()> {
 fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
     let mut s = setup(args, None, Some(server))?;
     let t = args.timeout();
-    if !args.json {
+    if args.pingpong_style {
+        let (l, p) = (&s.local[0], &s.conn.peer);
+        println!(
+            "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            l.qpn,
+            l.psn.value(),
+            l.gid
+        );
+        println!(
+            "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            p.qpn,
+            p.psn.value(),
+            p.gid
+        );
+    } else if !args.json {
         print_banner(args, &s);
     }
     let mut header_done = false;
@@ -675,7 +745,17 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         }
         s.sync(t)?;
         let deadline = Instant::now() + t + Duration::from_millis(iters / 10);
-        let line = if args.test.is_lat() {
+        let line = if args.pingpong_style {
+            let t0 = Instant::now();
+            lat_round(args, &s, size, iters, deadline)?;
+            let secs = t0.elapsed().as_secs_f64();
+            let bytes = size * iters * 2;
+            format!(
+                "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec\n{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
+                bytes as f64 * 8.0 / secs / 1e6,
+                secs * 1e6 / iters as f64
+            )
+        } else if args.test.is_lat() {
             let mut samples = lat_round(args, &s, size, iters, deadline)?;
             let divisor = if matches!(args.test, Test::WriteLat | Test::SendLat) {
                 2.0
@@ -717,7 +797,7 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         }
         s.sync(t + Duration::from_secs(iters / 1000 + 60))?;
         s.sync(t)?;
-        if !args.json && !header_done {
+        if !args.json && !header_done && !args.pingpong_style {
             println!(
                 "{}",
                 if args.test.is_lat() {
@@ -730,7 +810,7 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         }
         println!("{line}");
     }
-    if !args.json {
+    if !args.json && !args.pingpong_style {
         println!("---------------------------------------------------------------------------------------");
     }
     if args.counters {

@@ -92,13 +92,21 @@ impl BwStats {
         let total_ns = completions_ns.last().copied().unwrap_or(0).max(1);
         let secs = total_ns as f64 / 1e9;
         let bw_avg = (bytes * n) as f64 / MB / secs;
-        // Peak: the best of twenty equal slices of the run.
-        let slice = (completions_ns.len() / 20).max(1);
-        let mut bw_peak = bw_avg;
-        for w in completions_ns.windows(slice + 1).step_by(slice) {
-            let dt = w[slice].saturating_sub(w[0]).max(1) as f64 / 1e9;
-            bw_peak = bw_peak.max((bytes * slice as u64) as f64 / MB / dt);
+        // Peak: the best of twenty equal stretches of time. (Completions arrive in batches
+        // with one timestamp, so slicing by count would divide by nearly nothing.)
+        const SLICES: u64 = 20;
+        let mut per_slice = [0u64; SLICES as usize];
+        for &t in completions_ns {
+            let i = (t.saturating_sub(1) * SLICES / total_ns).min(SLICES - 1);
+            per_slice[i as usize] += 1;
         }
+        let slice_secs = secs / SLICES as f64;
+        let best = per_slice.iter().copied().max().unwrap_or(0);
+        let bw_peak = if n >= SLICES {
+            ((bytes * best) as f64 / MB / slice_secs).max(bw_avg)
+        } else {
+            bw_avg
+        };
         BwStats {
             bytes,
             iterations: n,
