@@ -23,10 +23,13 @@ pub(crate) struct Capture {
 
 impl Capture {
     pub(crate) fn create(path: &Path) -> Result<Capture> {
-        let f = File::create(path).map_err(|e| Error::io(format!("creating capture {}", path.display()), e))?;
+        let f = File::create(path)
+            .map_err(|e| Error::io(format!("creating capture {}", path.display()), e))?;
         let w = PcapWriter::new(BufWriter::with_capacity(1 << 20, f))
             .map_err(|e| Error::io(format!("writing capture {}", path.display()), e))?;
-        Ok(Capture { out: Mutex::new((w, Vec::with_capacity(9000))) })
+        Ok(Capture {
+            out: Mutex::new((w, Vec::with_capacity(9000))),
+        })
     }
 
     /// Records one datagram from `src` to `dst`.

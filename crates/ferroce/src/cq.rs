@@ -36,7 +36,9 @@ pub struct CompletionChannel {
 impl CompletionChannel {
     pub(crate) fn new() -> Result<CompletionChannel> {
         let efd = EventFd::new().map_err(|e| Error::io("creating a completion channel", e))?;
-        Ok(CompletionChannel { inner: Arc::new(ChannelInner { efd }) })
+        Ok(CompletionChannel {
+            inner: Arc::new(ChannelInner { efd }),
+        })
     }
 
     /// Blocks until an armed CQ of this channel gets a completion, or `timeout` passes
@@ -46,7 +48,8 @@ impl CompletionChannel {
         if self.inner.efd.drain() > 0 {
             return Ok(true);
         }
-        sys::wait_readable(&[self.inner.efd.fd()], timeout).map_err(|e| Error::io("waiting for a completion event", e))?;
+        sys::wait_readable(&[self.inner.efd.fd()], timeout)
+            .map_err(|e| Error::io("waiting for a completion event", e))?;
         Ok(self.inner.efd.drain() > 0)
     }
 
@@ -84,10 +87,17 @@ impl CqInner {
         let fire = match armed {
             ARMED_ANY => true,
             // Errors always wake, as they would on hardware (they end the QP).
-            ARMED_SOLICITED => wcs.iter().any(|w| w.solicited || w.status != WcStatus::Success),
+            ARMED_SOLICITED => wcs
+                .iter()
+                .any(|w| w.solicited || w.status != WcStatus::Success),
             _ => false,
         };
-        if fire && self.armed.compare_exchange(armed, UNARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if fire
+            && self
+                .armed
+                .compare_exchange(armed, UNARMED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
             ch.efd.notify();
         }
     }
@@ -101,7 +111,11 @@ pub struct CompletionQueue {
 }
 
 impl CompletionQueue {
-    pub(crate) fn new(ctx: Arc<ContextInner>, capacity: usize, channel: Option<&CompletionChannel>) -> CompletionQueue {
+    pub(crate) fn new(
+        ctx: Arc<ContextInner>,
+        capacity: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> CompletionQueue {
         CompletionQueue {
             inner: Arc::new(CqInner {
                 queue: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))),
@@ -170,16 +184,26 @@ impl CompletionQueue {
     /// error completion when `solicited_only`).
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         if self.inner.channel.is_none() {
-            return Err(Error::InvalidArgument("the CQ has no completion channel".into()));
+            return Err(Error::InvalidArgument(
+                "the CQ has no completion channel".into(),
+            ));
         }
-        let mode = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
+        let mode = if solicited_only {
+            ARMED_SOLICITED
+        } else {
+            ARMED_ANY
+        };
         self.inner.armed.store(mode, Ordering::Release);
         Ok(())
     }
 
     /// Completions waiting now.
     pub fn len(&self) -> usize {
-        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Whether no completion is waiting.

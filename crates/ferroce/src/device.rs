@@ -54,10 +54,15 @@ impl Device {
     /// 1500-byte Ethernet, 4096 on loopback).
     pub fn active_mtu(&self) -> PathMtu {
         let room = self.netdev_mtu.saturating_sub(ROCE_OVERHEAD);
-        [PathMtu::Mtu4096, PathMtu::Mtu2048, PathMtu::Mtu1024, PathMtu::Mtu512]
-            .into_iter()
-            .find(|m| m.bytes() <= room)
-            .unwrap_or(PathMtu::Mtu256)
+        [
+            PathMtu::Mtu4096,
+            PathMtu::Mtu2048,
+            PathMtu::Mtu1024,
+            PathMtu::Mtu512,
+        ]
+        .into_iter()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(PathMtu::Mtu256)
     }
     /// Opens the device.
     pub fn open(&self, options: &ContextOptions) -> Result<Context> {
@@ -71,7 +76,10 @@ pub fn devices() -> Result<Vec<Device>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(Error::io("listing interfaces", std::io::Error::last_os_error()));
+        return Err(Error::io(
+            "listing interfaces",
+            std::io::Error::last_os_error(),
+        ));
     }
     let mut cur = head;
     while !cur.is_null() {
@@ -82,7 +90,9 @@ pub fn devices() -> Result<Vec<Device>> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         // SAFETY: ifa_addr is non-null and points to a sockaddr whose family we read first.
         let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
         let ip = match family {
@@ -116,13 +126,22 @@ pub fn devices() -> Result<Vec<Device>> {
             let gids = ips
                 .into_iter()
                 .enumerate()
-                .map(|(index, ip)| Gid { index, ip, gid: gid_of(ip) })
+                .map(|(index, ip)| Gid {
+                    index,
+                    ip,
+                    gid: gid_of(ip),
+                })
                 .collect();
             let netdev_mtu = std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(1500);
-            Device { name: format!("ferroce_{ifname}"), ifname, gids, netdev_mtu }
+            Device {
+                name: format!("ferroce_{ifname}"),
+                ifname,
+                gids,
+                netdev_mtu,
+            }
         })
         .collect())
 }

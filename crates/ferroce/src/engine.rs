@@ -52,7 +52,9 @@ pub(crate) struct EngineState {
 
 impl std::fmt::Debug for EngineState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineState").field("qps", &self.qps.len()).finish()
+        f.debug_struct("EngineState")
+            .field("qps", &self.qps.len())
+            .finish()
     }
 }
 
@@ -78,7 +80,8 @@ impl ContextShared {
     /// Drives progress from an application thread if the engine is free.
     pub(crate) fn progress_inline(&self) -> bool {
         let until = self.now() + APP_POLL_GRACE;
-        self.app_polling_until.store(until.as_nanos(), Ordering::Release);
+        self.app_polling_until
+            .store(until.as_nanos(), Ordering::Release);
         match self.engine.try_lock() {
             Ok(mut st) => progress(self, &mut st),
             Err(_) => false,
@@ -125,7 +128,13 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
     }
     let generation = shared.qps_generation.load(Ordering::Acquire);
     if generation != st.qps_generation {
-        st.qps = shared.qps.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        st.qps = shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
         st.qps_generation = generation;
     }
     st.next_deadline = None;
@@ -138,7 +147,11 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
             }
         }
         did |= transmit_qp(shared, st, qp, now);
-        let deadline = qp.qp.lock().unwrap_or_else(|e| e.into_inner()).next_timeout();
+        let deadline = qp
+            .qp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_timeout();
         st.next_deadline = match (st.next_deadline, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -149,7 +162,12 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
 }
 
 /// Sends everything `qp` can send now and moves its completions to their CQs.
-fn transmit_qp(shared: &ContextShared, st: &mut EngineState, qp: &Arc<QpShared>, now: Instant) -> bool {
+fn transmit_qp(
+    shared: &ContextShared,
+    st: &mut EngineState,
+    qp: &Arc<QpShared>,
+    now: Instant,
+) -> bool {
     let peer = *qp.peer.lock().unwrap_or_else(|e| e.into_inner());
     let mut did = false;
     loop {
@@ -158,7 +176,9 @@ fn transmit_qp(shared: &ContextShared, st: &mut EngineState, qp: &Arc<QpShared>,
             let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
             let mut mem = EngineMemory { table: &shared.mrs };
             while k < BATCH {
-                let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else { break };
+                let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else {
+                    break;
+                };
                 st.tx_lens[k] = n;
                 k += 1;
             }
@@ -193,12 +213,19 @@ fn transmit_qp(shared: &ContextShared, st: &mut EngineState, qp: &Arc<QpShared>,
                 c.record(src, peer, buf);
             }
         }
-        let packets: Vec<(&[u8], SocketAddr)> = (0..k).map(|i| (&st.tx[i][..st.tx_lens[i]], peer)).collect();
+        let packets: Vec<(&[u8], SocketAddr)> =
+            (0..k).map(|i| (&st.tx[i][..st.tx_lens[i]], peer)).collect();
         let bytes: usize = packets.iter().map(|(b, _)| b.len()).sum();
         match sys::send_batch(qp.send_fd(), &packets) {
             Ok(sent) => {
-                shared.counters.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
-                shared.counters.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                shared
+                    .counters
+                    .tx_packets
+                    .fetch_add(sent as u64, Ordering::Relaxed);
+                shared
+                    .counters
+                    .tx_bytes
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
                 if sent < k {
                     // The rest is recovered by the transport's retransmission, like a drop.
                     shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
@@ -216,13 +243,15 @@ fn transmit_qp(shared: &ContextShared, st: &mut EngineState, qp: &Arc<QpShared>,
 }
 
 fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
-    let is_recv = |w: &WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    let is_recv =
+        |w: &WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
     if wcs.iter().all(|w| !is_recv(w)) {
         qp.send_cq.push(wcs);
     } else if wcs.iter().all(is_recv) {
         qp.recv_cq.push(wcs);
     } else {
-        let (recv, send): (Vec<WorkCompletion>, Vec<WorkCompletion>) = wcs.iter().partition(|w| is_recv(w));
+        let (recv, send): (Vec<WorkCompletion>, Vec<WorkCompletion>) =
+            wcs.iter().partition(|w| is_recv(w));
         qp.send_cq.push(&send);
         qp.recv_cq.push(&recv);
     }
@@ -253,7 +282,13 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
         return;
     }
     let qpn = pkt.bth().dest_qpn();
-    let Some(qp) = shared.qps.read().unwrap_or_else(|e| e.into_inner()).get(&qpn).cloned() else {
+    let Some(qp) = shared
+        .qps
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&qpn)
+        .cloned()
+    else {
         c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -270,7 +305,9 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
         // due, so requests are not parked on QPs that do not need them.
         let needs_recv = pkt.info().is_some_and(|i| {
             (i.operation == Operation::Send && i.position.starts_message())
-                || (pkt.immdt().is_some() && i.operation == Operation::RdmaWrite && i.position != Position::First)
+                || (pkt.immdt().is_some()
+                    && i.operation == Operation::RdmaWrite
+                    && i.position != Position::First)
         });
         if needs_recv && q.recv_queue_len() == 0 && pkt.bth().psn() == q.expected_psn() {
             if let Some(wr) = srq.pop() {
@@ -289,7 +326,8 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
     let sock = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
     let bell = shared.doorbell_fd.fd();
     while !shared.shutdown.load(Ordering::Acquire) {
-        let app_driving = shared.app_polling_until.load(Ordering::Acquire) > shared.now().as_nanos();
+        let app_driving =
+            shared.app_polling_until.load(Ordering::Acquire) > shared.now().as_nanos();
         let did = !app_driving
             && match shared.engine.try_lock() {
                 Ok(mut st) => progress(&shared, &mut st),

@@ -53,7 +53,10 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Error {
-        Error::Io { what: what.into(), source }
+        Error::Io {
+            what: what.into(),
+            source,
+        }
     }
 }
 

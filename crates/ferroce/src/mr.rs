@@ -82,18 +82,41 @@ impl MrInner {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::io(format!("mapping {len} bytes"), std::io::Error::last_os_error()));
+            return Err(Error::io(
+                format!("mapping {len} bytes"),
+                std::io::Error::last_os_error(),
+            ));
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::InvalidArgument("mmap returned null".into()))?;
-        Ok(MrInner { ptr, len, backing: Backing::Mapped, access, pd, lock: RwLock::new(()) })
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| Error::InvalidArgument("mmap returned null".into()))?;
+        Ok(MrInner {
+            ptr,
+            len,
+            backing: Backing::Mapped,
+            access,
+            pd,
+            lock: RwLock::new(()),
+        })
     }
 
     /// Wraps caller memory.
     ///
     /// # Safety
     /// See `ProtectionDomain::register_raw`.
-    pub(crate) unsafe fn borrowed(ptr: NonNull<u8>, len: usize, access: Access, pd: u32) -> MrInner {
-        MrInner { ptr, len, backing: Backing::Borrowed, access, pd, lock: RwLock::new(()) }
+    pub(crate) unsafe fn borrowed(
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+        pd: u32,
+    ) -> MrInner {
+        MrInner {
+            ptr,
+            len,
+            backing: Backing::Borrowed,
+            access,
+            pd,
+            lock: RwLock::new(()),
+        }
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -107,7 +130,11 @@ impl MrInner {
     fn check(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(Error::OutOfBounds { offset, len, region_len: self.len }),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
         }
     }
 
@@ -116,7 +143,13 @@ impl MrInner {
         let _g = self.lock.read().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the range was checked to lie in the region, the lock excludes writers, and
         // `out` is a distinct live buffer.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
         Ok(())
     }
 
@@ -125,7 +158,9 @@ impl MrInner {
         let _g = self.lock.write().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the range was checked, the write lock excludes every other access, and
         // `data` is a distinct live buffer.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
         Ok(())
     }
 
@@ -215,7 +250,12 @@ impl MrTable {
 
     /// Regions registered now.
     pub(crate) fn len(&self) -> usize {
-        self.slots.read().unwrap_or_else(|e| e.into_inner()).iter().filter(|s| s.mr.is_some()).count()
+        self.slots
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|s| s.mr.is_some())
+            .count()
     }
 }
 
@@ -226,7 +266,15 @@ pub(crate) struct EngineMemory<'a> {
 }
 
 impl EngineMemory<'_> {
-    fn locate(&self, pd: u32, kind: KeyKind, key: u32, addr: u64, len: u64, need: Access) -> std::result::Result<(Arc<MrInner>, usize), MemoryError> {
+    fn locate(
+        &self,
+        pd: u32,
+        kind: KeyKind,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<(Arc<MrInner>, usize), MemoryError> {
         let mr = self.table.get(key).ok_or(MemoryError::InvalidKey(key))?;
         if mr.pd != pd {
             return Err(MemoryError::InvalidKey(key));
@@ -235,8 +283,12 @@ impl EngineMemory<'_> {
             return Err(MemoryError::AccessDenied);
         }
         let _ = kind;
-        let off = addr.checked_sub(mr.addr()).ok_or(MemoryError::OutOfBounds { addr, len })?;
-        let end = off.checked_add(len).ok_or(MemoryError::OutOfBounds { addr, len })?;
+        let off = addr
+            .checked_sub(mr.addr())
+            .ok_or(MemoryError::OutOfBounds { addr, len })?;
+        let end = off
+            .checked_add(len)
+            .ok_or(MemoryError::OutOfBounds { addr, len })?;
         if end > mr.len() as u64 {
             return Err(MemoryError::OutOfBounds { addr, len });
         }
@@ -245,26 +297,63 @@ impl EngineMemory<'_> {
 }
 
 impl Memory for EngineMemory<'_> {
-    fn read(&mut self, pd: u32, kind: KeyKind, key: u32, addr: u64, out: &mut [u8], need: Access) -> std::result::Result<(), MemoryError> {
+    fn read(
+        &mut self,
+        pd: u32,
+        kind: KeyKind,
+        key: u32,
+        addr: u64,
+        out: &mut [u8],
+        need: Access,
+    ) -> std::result::Result<(), MemoryError> {
         let (mr, off) = self.locate(pd, kind, key, addr, out.len() as u64, need)?;
-        mr.copy_out(off, out).map_err(|_| MemoryError::OutOfBounds { addr, len: out.len() as u64 })
+        mr.copy_out(off, out).map_err(|_| MemoryError::OutOfBounds {
+            addr,
+            len: out.len() as u64,
+        })
     }
 
-    fn write(&mut self, pd: u32, kind: KeyKind, key: u32, addr: u64, data: &[u8], need: Access) -> std::result::Result<(), MemoryError> {
+    fn write(
+        &mut self,
+        pd: u32,
+        kind: KeyKind,
+        key: u32,
+        addr: u64,
+        data: &[u8],
+        need: Access,
+    ) -> std::result::Result<(), MemoryError> {
         let (mr, off) = self.locate(pd, kind, key, addr, data.len() as u64, need)?;
-        mr.copy_in(off, data).map_err(|_| MemoryError::OutOfBounds { addr, len: data.len() as u64 })
+        mr.copy_in(off, data).map_err(|_| MemoryError::OutOfBounds {
+            addr,
+            len: data.len() as u64,
+        })
     }
 
-    fn check(&mut self, pd: u32, kind: KeyKind, key: u32, addr: u64, len: u64, need: Access) -> std::result::Result<(), MemoryError> {
+    fn check(
+        &mut self,
+        pd: u32,
+        kind: KeyKind,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<(), MemoryError> {
         self.locate(pd, kind, key, addr, len, need).map(|_| ())
     }
 
-    fn atomic(&mut self, pd: u32, rkey: u32, addr: u64, op: AtomicOp) -> std::result::Result<u64, MemoryError> {
+    fn atomic(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        addr: u64,
+        op: AtomicOp,
+    ) -> std::result::Result<u64, MemoryError> {
         let (mr, off) = self.locate(pd, KeyKind::Remote, rkey, addr, 8, Access::REMOTE_ATOMIC)?;
         if addr % 8 != 0 {
             return Err(MemoryError::Misaligned(addr));
         }
-        mr.atomic(off, op).map_err(|_| MemoryError::OutOfBounds { addr, len: 8 })
+        mr.atomic(off, op)
+            .map_err(|_| MemoryError::OutOfBounds { addr, len: 8 })
     }
 
     fn invalidate(&mut self, pd: u32, rkey: u32) -> std::result::Result<(), MemoryError> {
@@ -324,8 +413,13 @@ impl MemoryRegion {
     /// A scatter/gather element over `len` bytes from `offset`, for a work request.
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
         self.inner.check(offset, len)?;
-        let length = u32::try_from(len).map_err(|_| Error::InvalidArgument(format!("SGE of {len} bytes exceeds 4 GiB")))?;
-        Ok(Sge { addr: self.addr() + offset as u64, length, lkey: self.key })
+        let length = u32::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("SGE of {len} bytes exceeds 4 GiB")))?;
+        Ok(Sge {
+            addr: self.addr() + offset as u64,
+            length,
+            lkey: self.key,
+        })
     }
 
     /// The whole region as one scatter/gather element.

@@ -19,15 +19,25 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in, which it is large
             // enough for and aligned for (sockaddr_storage is the most aligned sockaddr).
-            let sin = unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), 0, sin6.sin6_scope_id)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                0,
+                sin6.sin6_scope_id,
+            )))
         }
         _ => None,
     }
@@ -39,7 +49,8 @@ fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
     let len = match addr {
         SocketAddr::V4(a) => {
             // SAFETY: the storage is large and aligned enough for a sockaddr_in.
-            let sin = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
+            let sin =
+                unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
             sin.sin_family = libc::AF_INET as libc::sa_family_t;
             sin.sin_port = a.port().to_be();
             sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
@@ -47,7 +58,9 @@ fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
         }
         SocketAddr::V6(a) => {
             // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6) };
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6)
+            };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = a.port().to_be();
             sin6.sin6_addr.s6_addr = a.ip().octets();
@@ -82,7 +95,10 @@ impl RecvBatch {
         let mut iovs: Vec<libc::iovec> = self
             .bufs
             .iter_mut()
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
             .collect();
         let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(BATCH);
         for (iov, addr) in iovs.iter_mut().zip(self.addrs.iter_mut()) {
@@ -98,7 +114,13 @@ impl RecvBatch {
         // or by `iovs`, all of which outlive the call; the kernel writes at most the lengths
         // given. A null timeout with MSG_DONTWAIT makes the call non-blocking.
         let n = unsafe {
-            libc::recvmmsg(fd, hdrs.as_mut_ptr(), BATCH as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            libc::recvmmsg(
+                fd,
+                hdrs.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
         };
         if n < 0 {
             let e = io::Error::last_os_error();
@@ -130,9 +152,15 @@ impl RecvBatch {
 pub(crate) fn send_batch(fd: RawFd, packets: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
     let mut sent = 0;
     for chunk in packets.chunks(BATCH) {
-        let addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> = chunk.iter().map(|(_, a)| std_to_sockaddr(a)).collect();
-        let mut iovs: Vec<libc::iovec> =
-            chunk.iter().map(|(b, _)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }).collect();
+        let addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
+            chunk.iter().map(|(_, a)| std_to_sockaddr(a)).collect();
+        let mut iovs: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|(b, _)| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
         let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(chunk.len());
         for (iov, (ss, len)) in iovs.iter_mut().zip(addrs.iter()) {
             // SAFETY: plain old data; zero is valid.
@@ -147,13 +175,24 @@ pub(crate) fn send_batch(fd: RawFd, packets: &[(&[u8], SocketAddr)]) -> io::Resu
         while done < hdrs.len() {
             // SAFETY: the headers point at iovecs, payloads and addresses that live until the
             // end of this block; the kernel only reads them.
-            let n = unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), (hdrs.len() - done) as libc::c_uint, 0) };
+            let n = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    hdrs[done..].as_mut_ptr(),
+                    (hdrs.len() - done) as libc::c_uint,
+                    0,
+                )
+            };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return if sent + done > 0 { Ok(sent + done) } else { Err(e) };
+                return if sent + done > 0 {
+                    Ok(sent + done)
+                } else {
+                    Err(e)
+                };
             }
             done += n as usize;
         }
@@ -204,10 +243,20 @@ impl EventFd {
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: forever). Returns whether
 /// any became readable.
 pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
-    let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
     let ms: libc::c_int = match timeout {
         None => -1,
-        Some(d) => d.as_millis().clamp(0, i32::MAX as u128) as libc::c_int + i32::from(d.subsec_nanos() % 1_000_000 != 0),
+        Some(d) => {
+            d.as_millis().clamp(0, i32::MAX as u128) as libc::c_int
+                + i32::from(d.subsec_nanos() % 1_000_000 != 0)
+        }
     };
     // SAFETY: the pollfd array is live and its length is passed.
     let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };

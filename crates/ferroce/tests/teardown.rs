@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use ferroce::{device_by_name, Access, ContextOptions, InitAttr, QpCaps, QpInitAttr, RtrAttr, RtsAttr, SendOp, SendWr, WcStatus};
+use ferroce::{
+    device_by_name, Access, ContextOptions, InitAttr, QpCaps, QpInitAttr, RtrAttr, RtsAttr, SendOp,
+    SendWr, WcStatus,
+};
 
 fn engine_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -23,13 +26,33 @@ fn dropping_every_handle_releases_everything() {
     assert_eq!(engine_threads(), 0);
     {
         let lo = device_by_name("lo").unwrap();
-        let opts = ContextOptions { capture: None, ..ContextOptions::with_port(0) };
+        let opts = ContextOptions {
+            capture: None,
+            ..ContextOptions::with_port(0)
+        };
         let (a, b) = (lo.open(&opts).unwrap(), lo.open(&opts).unwrap());
         assert_eq!(engine_threads(), 2);
         let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-        let (ca, cb) = (a.create_cq(64, None).unwrap(), b.create_cq(64, None).unwrap());
-        let qa = pa.create_qp(&QpInitAttr { send_cq: &ca, recv_cq: &ca, caps: QpCaps::default(), srq: None }).unwrap();
-        let qb = pb.create_qp(&QpInitAttr { send_cq: &cb, recv_cq: &cb, caps: QpCaps::default(), srq: None }).unwrap();
+        let (ca, cb) = (
+            a.create_cq(64, None).unwrap(),
+            b.create_cq(64, None).unwrap(),
+        );
+        let qa = pa
+            .create_qp(&QpInitAttr {
+                send_cq: &ca,
+                recv_cq: &ca,
+                caps: QpCaps::default(),
+                srq: None,
+            })
+            .unwrap();
+        let qb = pb
+            .create_qp(&QpInitAttr {
+                send_cq: &cb,
+                recv_cq: &cb,
+                caps: QpCaps::default(),
+                srq: None,
+            })
+            .unwrap();
         for (q, peer, pctx) in [(&qa, &qb, &b), (&qb, &qa, &a)] {
             q.modify_to_init(&InitAttr::default()).unwrap();
             let rtr = RtrAttr {
@@ -40,21 +63,45 @@ fn dropping_every_handle_releases_everything() {
                 max_dest_rd_atomic: 4,
                 min_rnr_timer: 1,
             };
-            q.modify_to_rtr_with_port(&rtr, pctx.local_addr().port()).unwrap();
-            q.modify_to_rts(&RtsAttr { sq_psn: ferroce::Psn::new(0), timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 4 })
+            q.modify_to_rtr_with_port(&rtr, pctx.local_addr().port())
                 .unwrap();
+            q.modify_to_rts(&RtsAttr {
+                sq_psn: ferroce::Psn::new(0),
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 4,
+            })
+            .unwrap();
         }
         let m = pb.alloc_mr(1 << 20, Access::ALL).unwrap();
         let src = pa.alloc_mr(4096, Access::ALL).unwrap();
-        qa.post_send(SendWr::new(1, SendOp::Write, vec![src.sge(0, 4096).unwrap()]).remote(m.addr(), m.rkey())).unwrap();
-        assert_eq!(ca.wait(1, Duration::from_secs(10)).unwrap()[0].status, WcStatus::Success);
+        qa.post_send(
+            SendWr::new(1, SendOp::Write, vec![src.sge(0, 4096).unwrap()])
+                .remote(m.addr(), m.rkey()),
+        )
+        .unwrap();
+        assert_eq!(
+            ca.wait(1, Duration::from_secs(10)).unwrap()[0].status,
+            WcStatus::Success
+        );
         assert_eq!(b.memory_region_count(), 1);
         let key = m.rkey();
         drop(m);
-        assert_eq!(b.memory_region_count(), 0, "dropping a region deregisters it");
+        assert_eq!(
+            b.memory_region_count(),
+            0,
+            "dropping a region deregisters it"
+        );
         // The stale key reaches nothing.
-        qa.post_send(SendWr::new(2, SendOp::Write, vec![src.sge(0, 8).unwrap()]).remote(0x1000, key)).unwrap();
-        assert_eq!(ca.wait(1, Duration::from_secs(10)).unwrap()[0].status, WcStatus::RemoteAccessError);
+        qa.post_send(
+            SendWr::new(2, SendOp::Write, vec![src.sge(0, 8).unwrap()]).remote(0x1000, key),
+        )
+        .unwrap();
+        assert_eq!(
+            ca.wait(1, Duration::from_secs(10)).unwrap()[0].status,
+            WcStatus::RemoteAccessError
+        );
         drop((qa, qb));
         assert_eq!(a.queue_pair_count(), 0);
         // Contexts are dropped last here, but any order works: the engine runs while any
@@ -63,5 +110,9 @@ fn dropping_every_handle_releases_everything() {
         assert_eq!(engine_threads(), 2, "PDs and CQs still hold their contexts");
     }
     assert_eq!(engine_threads(), 0, "the engine threads stopped");
-    assert_eq!(open_fds(), fds_before, "every socket and eventfd was closed");
+    assert_eq!(
+        open_fds(),
+        fds_before,
+        "every socket and eventfd was closed"
+    );
 }

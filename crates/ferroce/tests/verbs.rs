@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use ferroce::{
-    device_by_name, Access, CompletionQueue, Context, ContextOptions, InitAttr, MemoryRegion, ProtectionDomain, QpCaps,
-    QpInitAttr, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
+    device_by_name, Access, CompletionQueue, Context, ContextOptions, InitAttr, MemoryRegion,
+    ProtectionDomain, QpCaps, QpInitAttr, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr,
+    SharedReceiveQueue, WcOpcode, WcStatus,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -17,15 +18,31 @@ struct Side {
 }
 
 fn side() -> Side {
-    let ctx = device_by_name("lo").unwrap().open(&ContextOptions { capture: None, ..ContextOptions::with_port(0) }).unwrap();
+    let ctx = device_by_name("lo")
+        .unwrap()
+        .open(&ContextOptions {
+            capture: None,
+            ..ContextOptions::with_port(0)
+        })
+        .unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4096, None).unwrap();
     Side { ctx, pd, cq }
 }
 
 fn qp(s: &Side, srq: Option<&SharedReceiveQueue>) -> QueuePair {
-    let caps = QpCaps { max_send_wr: 512, max_recv_wr: 512, ..QpCaps::default() };
-    s.pd.create_qp(&QpInitAttr { send_cq: &s.cq, recv_cq: &s.cq, caps, srq }).unwrap()
+    let caps = QpCaps {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        ..QpCaps::default()
+    };
+    s.pd.create_qp(&QpInitAttr {
+        send_cq: &s.cq,
+        recv_cq: &s.cq,
+        caps,
+        srq,
+    })
+    .unwrap()
 }
 
 fn connect(a: &QueuePair, actx: &Context, b: &QueuePair, bctx: &Context) {
@@ -39,14 +56,23 @@ fn connect(a: &QueuePair, actx: &Context, b: &QueuePair, bctx: &Context) {
             max_dest_rd_atomic: 16,
             min_rnr_timer: 1,
         };
-        q.modify_to_rtr_with_port(&rtr, pctx.local_addr().port()).unwrap();
-        let rts = RtsAttr { sq_psn: ferroce::Psn::new(psn), timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 16 };
+        q.modify_to_rtr_with_port(&rtr, pctx.local_addr().port())
+            .unwrap();
+        let rts = RtsAttr {
+            sq_psn: ferroce::Psn::new(psn),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+        };
         q.modify_to_rts(&rts).unwrap();
     }
 }
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(7) ^ (i >> 8)) as u8).collect()
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(7) ^ (i >> 8)) as u8)
+        .collect()
 }
 
 fn pair() -> (Side, Side, QueuePair, QueuePair) {
@@ -79,25 +105,61 @@ fn write_read_send_at_every_size_up_to_16_mib() {
         let dst = mr(&b, len);
         src.write(0, &data).unwrap();
         // WRITE A → B.
-        qa.post_send(SendWr::new(1, SendOp::Write, sgl(&src, len)).remote(dst.addr(), dst.rkey())).unwrap();
+        qa.post_send(SendWr::new(1, SendOp::Write, sgl(&src, len)).remote(dst.addr(), dst.rkey()))
+            .unwrap();
         let wc = a.cq.wait(1, T).unwrap();
-        assert_eq!((wc[0].status, wc[0].opcode), (WcStatus::Success, WcOpcode::RdmaWrite), "WRITE {len}");
-        assert!(dst.to_vec(0, len).unwrap() == data, "WRITE {len}: bytes differ");
+        assert_eq!(
+            (wc[0].status, wc[0].opcode),
+            (WcStatus::Success, WcOpcode::RdmaWrite),
+            "WRITE {len}"
+        );
+        assert!(
+            dst.to_vec(0, len).unwrap() == data,
+            "WRITE {len}: bytes differ"
+        );
         // READ it back into a fresh buffer.
         let back = mr(&a, len);
-        qa.post_send(SendWr::new(2, SendOp::Read, sgl(&back, len)).remote(dst.addr(), dst.rkey())).unwrap();
+        qa.post_send(SendWr::new(2, SendOp::Read, sgl(&back, len)).remote(dst.addr(), dst.rkey()))
+            .unwrap();
         let wc = a.cq.wait(1, T).unwrap();
-        assert_eq!((wc[0].status, wc[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead), "READ {len}");
-        assert!(back.to_vec(0, len).unwrap() == data, "READ {len}: bytes differ");
+        assert_eq!(
+            (wc[0].status, wc[0].opcode),
+            (WcStatus::Success, WcOpcode::RdmaRead),
+            "READ {len}"
+        );
+        assert!(
+            back.to_vec(0, len).unwrap() == data,
+            "READ {len}: bytes differ"
+        );
         // SEND with immediate A → B.
         let rbuf = mr(&b, len);
-        qb.post_recv(RecvWr { wr_id: 70, sgl: sgl(&rbuf, len) }).unwrap();
-        qa.post_send(SendWr::new(3, SendOp::SendWithImm(len as u32), sgl(&src, len))).unwrap();
+        qb.post_recv(RecvWr {
+            wr_id: 70,
+            sgl: sgl(&rbuf, len),
+        })
+        .unwrap();
+        qa.post_send(SendWr::new(
+            3,
+            SendOp::SendWithImm(len as u32),
+            sgl(&src, len),
+        ))
+        .unwrap();
         let wa = a.cq.wait(1, T).unwrap();
         let wb = b.cq.wait(1, T).unwrap();
         assert_eq!(wa[0].status, WcStatus::Success);
-        assert_eq!((wb[0].wr_id, wb[0].status, wb[0].byte_len as usize, wb[0].imm_data), (70, WcStatus::Success, len, Some(len as u32)));
-        assert!(rbuf.to_vec(0, len).unwrap() == data, "SEND {len}: bytes differ");
+        assert_eq!(
+            (
+                wb[0].wr_id,
+                wb[0].status,
+                wb[0].byte_len as usize,
+                wb[0].imm_data
+            ),
+            (70, WcStatus::Success, len, Some(len as u32))
+        );
+        assert!(
+            rbuf.to_vec(0, len).unwrap() == data,
+            "SEND {len}: bytes differ"
+        );
     }
 }
 
@@ -107,30 +169,60 @@ fn write_with_immediate_and_atomics() {
     let src = mr(&a, 4096);
     let dst = mr(&b, 4096);
     src.write(0, &pattern(1, 4096)).unwrap();
-    qb.post_recv(RecvWr { wr_id: 9, sgl: vec![] }).unwrap();
-    qa.post_send(SendWr::new(1, SendOp::WriteWithImm(0xabcd), vec![src.sge(0, 4096).unwrap()]).remote(dst.addr(), dst.rkey()))
-        .unwrap();
+    qb.post_recv(RecvWr {
+        wr_id: 9,
+        sgl: vec![],
+    })
+    .unwrap();
+    qa.post_send(
+        SendWr::new(
+            1,
+            SendOp::WriteWithImm(0xabcd),
+            vec![src.sge(0, 4096).unwrap()],
+        )
+        .remote(dst.addr(), dst.rkey()),
+    )
+    .unwrap();
     let wb = b.cq.wait(1, T).unwrap();
-    assert_eq!((wb[0].opcode, wb[0].imm_data, wb[0].byte_len), (WcOpcode::RecvRdmaWithImm, Some(0xabcd), 4096));
+    assert_eq!(
+        (wb[0].opcode, wb[0].imm_data, wb[0].byte_len),
+        (WcOpcode::RecvRdmaWithImm, Some(0xabcd), 4096)
+    );
     assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
     assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(1, 4096));
 
     let result = mr(&a, 128);
     dst.write_u64(0, 100).unwrap();
     for i in 0..10u64 {
-        let wr = SendWr::new(10 + i, SendOp::FetchAdd { add: 3 }, vec![result.sge(8 * i as usize, 8).unwrap()]);
+        let wr = SendWr::new(
+            10 + i,
+            SendOp::FetchAdd { add: 3 },
+            vec![result.sge(8 * i as usize, 8).unwrap()],
+        );
         qa.post_send(wr.remote(dst.addr(), dst.rkey())).unwrap();
     }
     let wcs = a.cq.wait(10, T).unwrap();
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::FetchAdd));
+    assert!(wcs
+        .iter()
+        .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::FetchAdd));
     for i in 0..10 {
         assert_eq!(result.read_u64(8 * i).unwrap(), 100 + 3 * i as u64);
     }
     assert_eq!(dst.read_u64(0).unwrap(), 130);
-    let wr = SendWr::new(30, SendOp::CompareSwap { compare: 130, swap: 7 }, vec![result.sge(0, 8).unwrap()]);
+    let wr = SendWr::new(
+        30,
+        SendOp::CompareSwap {
+            compare: 130,
+            swap: 7,
+        },
+        vec![result.sge(0, 8).unwrap()],
+    );
     qa.post_send(wr.remote(dst.addr(), dst.rkey())).unwrap();
     assert_eq!(a.cq.wait(1, T).unwrap()[0].opcode, WcOpcode::CompareSwap);
-    assert_eq!((result.read_u64(0).unwrap(), dst.read_u64(0).unwrap()), (130, 7));
+    assert_eq!(
+        (result.read_u64(0).unwrap(), dst.read_u64(0).unwrap()),
+        (130, 7)
+    );
 }
 
 #[test]
@@ -139,11 +231,24 @@ fn bad_rkey_gives_remote_access_error_and_untouched_memory() {
     let src = mr(&a, 64);
     let dst = mr(&b, 64);
     src.fill(0, 64, 0xee).unwrap();
-    qa.post_send(SendWr::new(1, SendOp::Write, vec![src.sge(0, 64).unwrap()]).remote(dst.addr(), dst.rkey() ^ 0x100)).unwrap();
-    qa.post_send(SendWr::new(2, SendOp::Write, vec![src.sge(0, 64).unwrap()]).remote(dst.addr(), dst.rkey())).unwrap();
+    qa.post_send(
+        SendWr::new(1, SendOp::Write, vec![src.sge(0, 64).unwrap()])
+            .remote(dst.addr(), dst.rkey() ^ 0x100),
+    )
+    .unwrap();
+    qa.post_send(
+        SendWr::new(2, SendOp::Write, vec![src.sge(0, 64).unwrap()]).remote(dst.addr(), dst.rkey()),
+    )
+    .unwrap();
     let wcs = a.cq.wait(2, T).unwrap();
-    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RemoteAccessError));
-    assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WorkRequestFlushed));
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (1, WcStatus::RemoteAccessError)
+    );
+    assert_eq!(
+        (wcs[1].wr_id, wcs[1].status),
+        (2, WcStatus::WorkRequestFlushed)
+    );
     assert!(dst.to_vec(0, 64).unwrap().iter().all(|&x| x == 0));
     assert_eq!(qa.state(), ferroce::QpState::Error);
 }
@@ -161,14 +266,32 @@ fn shared_receive_queue_feeds_several_qps() {
         .collect();
     let bufs = mr(&b, 6 * 64);
     for i in 0..6 {
-        srq.post_recv(RecvWr { wr_id: 100 + i as u64, sgl: vec![bufs.sge(i * 64, 64).unwrap()] }).unwrap();
+        srq.post_recv(RecvWr {
+            wr_id: 100 + i as u64,
+            sgl: vec![bufs.sge(i * 64, 64).unwrap()],
+        })
+        .unwrap();
     }
-    assert!(pairs[0].1.post_recv(RecvWr { wr_id: 1, sgl: vec![] }).is_err(), "an SRQ QP has no own receive queue");
+    assert!(
+        pairs[0]
+            .1
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sgl: vec![]
+            })
+            .is_err(),
+        "an SRQ QP has no own receive queue"
+    );
     let src = mr(&a, 64);
     for (i, (qa, _)) in pairs.iter().enumerate() {
         for j in 0..2 {
             src.write(0, &[(i * 2 + j) as u8; 64]).unwrap();
-            qa.post_send(SendWr::new(j as u64, SendOp::Send, vec![src.sge(0, 16).unwrap()])).unwrap();
+            qa.post_send(SendWr::new(
+                j as u64,
+                SendOp::Send,
+                vec![src.sge(0, 16).unwrap()],
+            ))
+            .unwrap();
             a.cq.wait(1, T).unwrap();
         }
     }
@@ -176,7 +299,11 @@ fn shared_receive_queue_feeds_several_qps() {
     assert_eq!(wcs.len(), 6);
     let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
     ids.sort_unstable();
-    assert_eq!(ids, (100..106).collect::<Vec<_>>(), "each SRQ entry consumed once");
+    assert_eq!(
+        ids,
+        (100..106).collect::<Vec<_>>(),
+        "each SRQ entry consumed once"
+    );
     assert!(srq.is_empty());
 }
 
@@ -186,10 +313,21 @@ fn completion_channel_wakes_a_blocked_thread() {
     let ch = b.ctx.create_comp_channel().unwrap();
     let cq = b.ctx.create_cq(16, Some(&ch)).unwrap();
     let qa = qp(&a, None);
-    let qb = b.pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, caps: QpCaps::default(), srq: None }).unwrap();
+    let qb =
+        b.pd.create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            caps: QpCaps::default(),
+            srq: None,
+        })
+        .unwrap();
     connect(&qa, &a.ctx, &qb, &b.ctx);
     let buf = mr(&b, 64);
-    qb.post_recv(RecvWr { wr_id: 5, sgl: vec![buf.sge(0, 64).unwrap()] }).unwrap();
+    qb.post_recv(RecvWr {
+        wr_id: 5,
+        sgl: vec![buf.sge(0, 64).unwrap()],
+    })
+    .unwrap();
     cq.req_notify(false).unwrap();
     let waiter = std::thread::spawn(move || {
         let got = ch.get_event(Some(Duration::from_secs(10))).unwrap();
@@ -197,10 +335,14 @@ fn completion_channel_wakes_a_blocked_thread() {
     });
     std::thread::sleep(Duration::from_millis(50));
     let src = mr(&a, 8);
-    qa.post_send(SendWr::new(1, SendOp::Send, vec![src.sge(0, 8).unwrap()])).unwrap();
+    qa.post_send(SendWr::new(1, SendOp::Send, vec![src.sge(0, 8).unwrap()]))
+        .unwrap();
     let (got, wc) = waiter.join().unwrap();
     assert!(got, "the event arrived");
-    assert_eq!(wc.map(|w| (w.wr_id, w.status)), Some((5, WcStatus::Success)));
+    assert_eq!(
+        wc.map(|w| (w.wr_id, w.status)),
+        Some((5, WcStatus::Success))
+    );
 }
 
 #[test]
@@ -219,7 +361,8 @@ fn sixty_four_qps_at_once() {
     src.write(0, &pattern(3, len)).unwrap();
     for (i, (qa, _)) in pairs.iter().enumerate() {
         for k in 0..4u64 {
-            let wr = SendWr::new(k, SendOp::Write, vec![src.sge(0, len).unwrap()]).remote(dst.addr() + (i * len) as u64, dst.rkey());
+            let wr = SendWr::new(k, SendOp::Write, vec![src.sge(0, len).unwrap()])
+                .remote(dst.addr() + (i * len) as u64, dst.rkey());
             qa.post_send(wr).unwrap();
         }
     }
