@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use ferroce_wire::decode::{decode_frame, Decoded, RoceSummary};
+use ferroce_wire::decode::{decode_frame_ports, Decoded, RoceSummary};
 use ferroce_wire::icrc;
 use ferroce_wire::pcap::{PcapReader, LINKTYPE_ETHERNET};
 use serde_json::{json, Map, Value};
@@ -18,6 +18,9 @@ pub struct DecodeArgs {
     /// Print one JSON object per packet instead of text lines.
     #[arg(long)]
     json: bool,
+    /// UDP ports that carry RoCE v2, at either end (default 4791; repeat for more).
+    #[arg(long = "udp-port", default_values_t = [ferroce_wire::ROCE_V2_UDP_PORT])]
+    udp_ports: Vec<u16>,
 }
 
 #[derive(Default)]
@@ -45,7 +48,7 @@ pub fn run(args: &DecodeArgs) -> Result<ExitCode, String> {
     for (i, rec) in reader.enumerate() {
         let index = i + 1;
         let rec = rec.map_err(|e| format!("{}: record {index}: {e}", args.file.display()))?;
-        let decoded = decode_frame(rec.data);
+        let decoded = decode_frame_ports(rec.data, &args.udp_ports);
         match &decoded {
             Decoded::Skipped => tally.skipped += 1,
             Decoded::Roce(s) => {

@@ -47,10 +47,18 @@ pub enum Decoded {
     },
 }
 
-/// Decodes an Ethernet frame.
+/// Decodes an Ethernet frame; UDP to or from port 4791 is RoCE v2.
 pub fn decode_frame(frame_bytes: &[u8]) -> Decoded {
+    decode_frame_ports(frame_bytes, &[ROCE_V2_UDP_PORT])
+}
+
+/// Decodes an Ethernet frame, taking UDP to or from any of `ports` as RoCE v2 (Wireshark's rule
+/// for a port: either end). ferroce processes sharing a host listen on other ports than 4791.
+pub fn decode_frame_ports(frame_bytes: &[u8], ports: &[u16]) -> Decoded {
     match frame::parse_ethernet(frame_bytes) {
-        Ok(udp) if udp.dst_port == ROCE_V2_UDP_PORT => decode_udp(&udp),
+        Ok(udp) if ports.contains(&udp.dst_port) || ports.contains(&udp.src_port) => {
+            decode_udp(&udp)
+        }
         Ok(_) | Err(WireError::NotUdp(_)) => Decoded::Skipped,
         // A broken IP or UDP header: not something we can call RoCE.
         Err(_) => Decoded::Skipped,

@@ -1,0 +1,375 @@
+//! `ferroce perf` as two real processes on loopback: a server and a client, each with its own
+//! context, UDP socket and engine, connected over TCP. Every operation at sizes from 0 B to
+//! 16 MiB with every byte checked, 64 QPs at once, one-sided operations served while the server's
+//! application thread only waits on TCP, and a capture that tshark and `ferroce decode` read
+//! cleanly.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn ferroce() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferroce"))
+}
+
+fn spawn_server(test: &str, port: u16, extra: &[&str], env: &[(&str, &Path)]) -> Child {
+    let mut c = ferroce();
+    c.args(["perf", test, "--port", &port.to_string()])
+        .args(extra);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server")
+}
+
+fn run_client(test: &str, port: u16, extra: &[&str], env: &[(&str, &Path)]) -> Output {
+    // The server may still be binding: retry the connection for a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut c = ferroce();
+        c.args(["perf", test, "127.0.0.1", "--port", &port.to_string()])
+            .args(extra);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().expect("run the client");
+        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+        if !refused || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn pair(test: &str, extra: &[&str]) -> (Output, Output) {
+    pair_env(test, extra, &[], &[], &[])
+}
+
+fn pair_env(
+    test: &str,
+    extra: &[&str],
+    server_only: &[&str],
+    server_env: &[(&str, &Path)],
+    client_env: &[(&str, &Path)],
+) -> (Output, Output) {
+    let port = free_port();
+    let server = spawn_server(test, port, &[extra, server_only].concat(), server_env);
+    let client = run_client(test, port, extra, client_env);
+    let server = server.wait_with_output().expect("server exits");
+    (server, client)
+}
+
+fn assert_ok(what: &str, server: &Output, client: &Output) {
+    assert!(
+        server.status.success() && client.status.success(),
+        "{what}: server {:?} {}\nclient {:?} {}\n{}",
+        server.status,
+        String::from_utf8_lossy(&server.stderr),
+        client.status,
+        String::from_utf8_lossy(&client.stderr),
+        String::from_utf8_lossy(&client.stdout)
+    );
+}
+
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn every_operation_every_size_with_verification() {
+    // 0 B, 1 B, around the 4096-byte path MTU, and up to 16 MiB.
+    let sizes = [
+        "0", "1", "4095", "4096", "4097", "65536", "1048576", "16777216",
+    ];
+    for test in ["write_bw", "read_bw", "send_bw"] {
+        for size in sizes {
+            let iters = if size.len() > 6 { "4" } else { "50" };
+            let extra = ["--size", size, "--iters", iters, "--verify", "--json"];
+            let (s, c) = pair(test, &extra);
+            assert_ok(&format!("{test} {size}"), &s, &c);
+            let v = json_lines(&c);
+            assert_eq!(v.len(), 1, "{test} {size}");
+            assert_eq!(v[0]["bytes"].as_u64(), Some(size.parse().unwrap()));
+            assert!(v[0]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
+            assert_eq!(v[0]["bw_avg_mb_s"].as_f64().unwrap() > 0.0, size != "0");
+        }
+    }
+    for test in ["write_lat", "send_lat", "read_lat"] {
+        for size in ["1", "4097", "1048576"] {
+            let (s, c) = pair(
+                test,
+                &["--size", size, "--iters", "20", "--verify", "--json"],
+            );
+            assert_ok(&format!("{test} {size}"), &s, &c);
+            let v = json_lines(&c);
+            assert!(
+                v[0]["t_typical_us"].as_f64().unwrap() > 0.0,
+                "{test} {size}: {v:?}"
+            );
+        }
+    }
+    for test in ["atomic_lat", "atomic_bw"] {
+        // The server checks the counter ends at exactly the number of FETCH_ADDs; the client
+        // checks every original value in the latency test.
+        let (s, c) = pair(test, &["--iters", "500", "--verify", "--json"]);
+        assert_ok(test, &s, &c);
+    }
+}
+
+#[test]
+fn all_sizes_in_one_run() {
+    let (s, c) = pair("write_bw", &["--all", "--iters", "8", "--verify", "--json"]);
+    assert_ok("write_bw --all", &s, &c);
+    let bytes: Vec<u64> = json_lines(&c)
+        .iter()
+        .map(|v| v["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bytes, (1..=23).map(|k| 1u64 << k).collect::<Vec<_>>());
+}
+
+#[test]
+fn sixty_four_qps_between_two_processes() {
+    for test in ["write_bw", "read_bw", "send_bw", "atomic_bw"] {
+        let size: &[&str] = if test == "atomic_bw" {
+            &[]
+        } else {
+            &["--size", "8192"]
+        };
+        let args = [
+            &["--qps", "64", "--iters", "40", "--verify", "--json"][..],
+            size,
+        ]
+        .concat();
+        let (s, c) = pair(test, &args);
+        assert_ok(&format!("{test} 64 QPs"), &s, &c);
+        assert_eq!(json_lines(&c)[0]["iterations"].as_u64(), Some(64 * 40));
+    }
+}
+
+#[test]
+fn one_sided_operations_need_no_server_thread() {
+    // In READ, WRITE and atomic tests the server's only thread blocks reading the TCP
+    // connection for the whole round: every packet is handled by its engine thread. The
+    // server's CPU time is accordingly tiny next to the client's busy loop.
+    for test in ["read_bw", "write_bw", "atomic_bw"] {
+        let size: &[&str] = if test == "atomic_bw" {
+            &[]
+        } else {
+            &["--size", "4096"]
+        };
+        let args = [
+            &["--iters", "3000", "--verify", "--json", "--counters"][..],
+            size,
+        ]
+        .concat();
+        let (s, c) = pair(test, &args);
+        assert_ok(test, &s, &c);
+        let v = json_lines(&c);
+        let counters = &v.last().unwrap()["counters"];
+        assert_eq!(counters["retry_exceeded_err"].as_u64(), Some(0), "{v:?}");
+        assert_eq!(counters["rkey_violations"].as_u64(), Some(0));
+    }
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_capture_of_a_perf_run_decodes_cleanly_in_tshark_and_ferroce() {
+    let dir = std::env::temp_dir().join(format!("ferroce-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The server on the RoCE v2 port; the client on a port the decoders are told about (two
+    // processes on one address cannot both have 4791).
+    let client_port = free_udp_port().to_string();
+    let mut files = Vec::new();
+    for (test, size) in [
+        ("write_lat", "5000"),
+        ("read_bw", "3000"),
+        ("send_lat", "100"),
+        ("atomic_bw", ""),
+    ] {
+        let file = dir.join(format!("{test}.pcap"));
+        let mut extra = vec!["--iters", "50", "--verify"];
+        if !size.is_empty() {
+            extra.extend(["--size", size]);
+        }
+        let client = [&extra[..], &["--roce-port", &client_port]].concat();
+        let port = free_port();
+        let server = spawn_server(
+            test,
+            port,
+            &[&extra[..], &["--roce-port", "4791"]].concat(),
+            &[],
+        );
+        let c = run_client(test, port, &client, &[("FERROCE_PCAP", &file)]);
+        let s = server.wait_with_output().unwrap();
+        assert_ok(&format!("captured {test}"), &s, &c);
+        files.push(file);
+    }
+    for file in files {
+        // ferroce's own decoder: every packet parses and every ICRC verifies (exit 0).
+        let ours = ferroce()
+            .args([
+                "decode",
+                "--json",
+                "--udp-port",
+                "4791",
+                "--udp-port",
+                &client_port,
+            ])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(
+            ours.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&ours.stdout)
+        );
+        let v = json_lines(&ours);
+        let roce = v.iter().filter(|v| v.get("skipped").is_none()).count();
+        let good = v
+            .iter()
+            .filter(|v| v["icrc_ok"] == serde_json::Value::Bool(true))
+            .count();
+        assert!(
+            roce >= 100 && good == roce,
+            "{file:?}: {good} of {roce} packets verify"
+        );
+        // tshark: every frame is RoCE v2 (InfiniBand BTH) and nothing is malformed.
+        let decode_as = format!("udp.port=={client_port},infiniband");
+        let t = Command::new("tshark")
+            .args(["-n", "-d", &decode_as, "-r"])
+            .arg(&file)
+            .args([
+                "-T",
+                "fields",
+                "-e",
+                "frame.number",
+                "-e",
+                "infiniband.bth.opcode",
+                "-e",
+                "_ws.malformed",
+            ])
+            .output()
+            .expect("tshark must be installed (scripts/test.sh installs it)");
+        assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+        let text = String::from_utf8_lossy(&t.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.len(),
+            roce,
+            "{file:?}: every frame of the capture is RoCE"
+        );
+        for l in lines {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert!(
+                f.len() >= 2 && !f[1].is_empty(),
+                "{file:?}: tshark did not see a BTH in {l:?}"
+            );
+            assert!(
+                f.get(2).is_none_or(|m| m.is_empty()),
+                "{file:?}: malformed frame {l:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn unreachable_peer_and_bad_arguments_fail_in_one_line() {
+    let port = free_port();
+    let out = ferroce()
+        .args([
+            "perf",
+            "write_lat",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--timeout",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("refused"), "{err}");
+    for args in [
+        &["perf", "write_lat", "--qps", "2", "--loopback"][..],
+        &["perf", "bogus_test"],
+        &["perf", "write_bw", "--size", "-1"],
+        &["perf", "write_lat", "--size", "0", "--loopback"],
+        &["perf", "write_bw", "--mtu", "1000", "--loopback"],
+        &["pingpong", "--size", "0"],
+    ] {
+        let out = ferroce().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).lines().count(),
+            1,
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn pingpong_and_devices_and_demo() {
+    let out = ferroce()
+        .args(["pingpong", "--loopback", "--iters", "200", "--verify"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("1638400 bytes in") && text.contains("200 iters in"),
+        "{text}"
+    );
+    let out = ferroce().arg("devices").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("hca_id: ferroce_lo") && text.contains("::ffff:127.0.0.1"),
+        "{text}"
+    );
+    let out = ferroce().output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for op in [
+        "SEND/RECV",
+        "RDMA WRITE",
+        "RDMA WRITE with imm",
+        "RDMA READ",
+        "COMPARE_SWAP",
+        "FETCH_ADD",
+        "Bandwidth",
+    ] {
+        assert!(text.contains(op), "{op} missing:\n{text}");
+    }
+}
