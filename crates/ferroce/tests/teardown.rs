@@ -8,6 +8,19 @@ use ferroce::{
     SendWr, WcStatus,
 };
 
+/// Engine threads alive, once the count has settled at `want` (a new thread names itself a
+/// moment after it starts), or the count after a second of waiting.
+fn engine_threads_settled(want: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let n = engine_threads();
+        if n == want || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn engine_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
         .unwrap()
@@ -31,7 +44,7 @@ fn dropping_every_handle_releases_everything() {
             ..ContextOptions::with_port(0)
         };
         let (a, b) = (lo.open(&opts).unwrap(), lo.open(&opts).unwrap());
-        assert_eq!(engine_threads(), 2);
+        assert_eq!(engine_threads_settled(2), 2);
         let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
         let (ca, cb) = (
             a.create_cq(64, None).unwrap(),
@@ -107,7 +120,11 @@ fn dropping_every_handle_releases_everything() {
         // Contexts are dropped last here, but any order works: the engine runs while any
         // handle (PD, CQ, MR, QP) holds the context.
         drop((a, b));
-        assert_eq!(engine_threads(), 2, "PDs and CQs still hold their contexts");
+        assert_eq!(
+            engine_threads_settled(2),
+            2,
+            "PDs and CQs still hold their contexts"
+        );
     }
     assert_eq!(engine_threads(), 0, "the engine threads stopped");
     assert_eq!(
