@@ -400,6 +400,7 @@ impl ProtectionDomain {
             peer: Mutex::new(None),
             send_socket,
             src_port,
+            deferred_ack: Mutex::new(None),
         });
         shared
             .qps

@@ -12,6 +12,15 @@
 //! context burns no CPU. While an application thread is driving progress itself, the engine
 //! thread stays out of its way and only checks in every millisecond.
 //!
+//! # Deferred ACKs
+//! On a NIC an ACK costs nothing; here every datagram costs a trip through the kernel. In a
+//! ping-pong the responder would send its ACK first and its own request a moment later, two
+//! sends on the critical path. So while an application thread is busy-polling this context (a
+//! reply is likely imminent), a pure positive ACK is held for up to [`ACK_DEFER`] and leaves
+//! *after* the next packet of the same QP, in the same `sendmmsg`, or alone when the hold
+//! expires. The IBTA lets a responder coalesce ACKs; NAKs are never held, and when nobody polls
+//! (a passive target served by the engine thread) ACKs leave at once.
+//!
 //! # ICRC of received packets
 //! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader. A
 //! ferroce sender uses an unconnected socket with DF set, for which Linux sends Identification
@@ -35,8 +44,32 @@ use crate::sys::{self, RecvBatch, BATCH, MAX_DATAGRAM};
 
 /// How long the engine thread keeps spinning after the last work before it sleeps.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
-/// How often the engine thread checks in while an application thread drives progress.
-const APP_POLL_GRACE: Duration = Duration::from_millis(1);
+/// How often the engine thread checks in while an application thread drives progress: each
+/// check-in can preempt a spinning application on a small machine (p99 8 B write latency 13 µs
+/// at 1 ms, 4.9 µs at 10 ms on 2 cores), and an application that stops polling hands progress
+/// back to the engine within this time.
+const APP_POLL_GRACE: Duration = Duration::from_millis(4);
+/// How long a positive ACK may wait for a data packet to leave with.
+pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
+/// Packets taken from a QP per batch: one slot of the batch stays free for a held ACK.
+const TAKE: usize = BATCH - 1;
+
+/// An ACK held back: its unsealed bytes and when it must leave.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeferredAck {
+    bytes: [u8; 24],
+    len: usize,
+    deadline: Instant,
+}
+
+/// Whether a packet is a pure positive ACKNOWLEDGE (not a NAK, not an atomic or READ answer).
+fn is_plain_ack(pkt: &[u8]) -> bool {
+    pkt.len() <= 24
+        && pkt.first() == Some(&ferroce_wire::Opcode::RC_ACKNOWLEDGE.0)
+        && pkt
+            .get(12)
+            .is_some_and(|syndrome| (syndrome >> 5) & 0x3 == 0)
+}
 
 /// The engine's reusable buffers.
 pub(crate) struct EngineState {
@@ -147,11 +180,20 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
             }
         }
         did |= transmit_qp(shared, st, qp, now);
-        let deadline = qp
+        let held = qp
+            .deferred_ack
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|h| h.deadline);
+        let timer = qp
             .qp
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .next_timeout();
+        let deadline = match (timer, held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         st.next_deadline = match (st.next_deadline, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -175,7 +217,7 @@ fn transmit_qp(
         {
             let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
             let mut mem = EngineMemory { table: &shared.mrs };
-            while k < BATCH {
+            while k < TAKE {
                 let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else {
                     break;
                 };
@@ -189,6 +231,33 @@ fn transmit_qp(
         if !st.wcs.is_empty() {
             did = true;
             route_completions(qp, &mut st.wcs);
+        }
+        let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
+        {
+            let mut held = qp.deferred_ack.lock().unwrap_or_else(|e| e.into_inner());
+            if k == 1 && app_driving && is_plain_ack(&st.tx[0][..st.tx_lens[0]]) {
+                // Hold it; a newer ACK replaces an older one (it acknowledges more).
+                let n = st.tx_lens[0];
+                let mut bytes = [0u8; 24];
+                bytes[..n].copy_from_slice(&st.tx[0][..n]);
+                let deadline = held.map_or(now + ACK_DEFER, |h| h.deadline);
+                *held = Some(DeferredAck {
+                    bytes,
+                    len: n,
+                    deadline,
+                });
+                k = 0;
+            } else if let Some(h) = *held {
+                if (0..k).any(|i| is_plain_ack(&st.tx[i][..st.tx_lens[i]])) {
+                    // A newer ACK is in the batch: the held one is redundant.
+                    *held = None;
+                } else if k > 0 || h.deadline <= now || !app_driving {
+                    st.tx[k][..h.len].copy_from_slice(&h.bytes[..h.len]);
+                    st.tx_lens[k] = h.len;
+                    k += 1;
+                    *held = None;
+                }
+            }
         }
         if k == 0 {
             break;
@@ -213,10 +282,8 @@ fn transmit_qp(
                 c.record(src, peer, buf);
             }
         }
-        let packets: Vec<(&[u8], SocketAddr)> =
-            (0..k).map(|i| (&st.tx[i][..st.tx_lens[i]], peer)).collect();
-        let bytes: usize = packets.iter().map(|(b, _)| b.len()).sum();
-        match sys::send_batch(qp.send_fd(), &packets) {
+        let bytes: usize = st.tx_lens[..k].iter().sum();
+        match sys::send_batch(qp.send_fd(), &st.tx[..k], &st.tx_lens[..k], &peer) {
             Ok(sent) => {
                 shared
                     .counters
@@ -235,7 +302,7 @@ fn transmit_qp(
                 shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if k < BATCH {
+        if k < TAKE {
             break;
         }
     }

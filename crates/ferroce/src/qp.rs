@@ -108,6 +108,8 @@ pub(crate) struct QpShared {
     /// routers spread QPs over paths (ECMP).
     pub send_socket: UdpSocket,
     pub src_port: u16,
+    /// A positive ACK held back to leave after the next data packet (see `engine`).
+    pub deferred_ack: Mutex<Option<crate::engine::DeferredAck>>,
 }
 
 impl QpShared {

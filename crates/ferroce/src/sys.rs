@@ -71,52 +71,72 @@ fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
     (ss, len as libc::socklen_t)
 }
 
-/// Reusable buffers for one `recvmmsg` call.
+/// Buffers and message headers for `recvmmsg`, built once and reused by every call.
+///
+/// The headers point into the buffers, addresses and iovecs, all of which live in heap
+/// allocations owned by this value that are never resized, so the pointers stay valid when the
+/// value itself moves.
 pub(crate) struct RecvBatch {
     bufs: Vec<[u8; MAX_DATAGRAM]>,
     addrs: Vec<libc::sockaddr_storage>,
-    lens: Vec<usize>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
     count: usize,
 }
 
+// SAFETY: the raw pointers inside `iovs` and `hdrs` point only into this value's own heap
+// allocations (see the type's doc), so moving the value to another thread moves their only
+// users with them; nothing else refers to those allocations.
+unsafe impl Send for RecvBatch {}
+
 impl RecvBatch {
     pub fn new() -> RecvBatch {
-        RecvBatch {
-            bufs: vec![[0u8; MAX_DATAGRAM]; BATCH],
-            // SAFETY: plain old data; zero is a valid value.
-            addrs: vec![unsafe { zeroed() }; BATCH],
-            lens: vec![0; BATCH],
-            count: 0,
-        }
-    }
-
-    /// Reads up to `BATCH` datagrams without blocking; returns how many arrived.
-    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let mut iovs: Vec<libc::iovec> = self
-            .bufs
+        let mut bufs = vec![[0u8; MAX_DATAGRAM]; BATCH];
+        // SAFETY: plain old data; zero is a valid value.
+        let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; BATCH];
+        let mut iovs: Vec<libc::iovec> = bufs
             .iter_mut()
             .map(|b| libc::iovec {
                 iov_base: b.as_mut_ptr().cast(),
                 iov_len: b.len(),
             })
             .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(BATCH);
-        for (iov, addr) in iovs.iter_mut().zip(self.addrs.iter_mut()) {
-            // SAFETY: msghdr is plain old data; zero is valid, the fields that matter are set.
-            let mut h: libc::mmsghdr = unsafe { zeroed() };
-            h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
-            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = iov;
-            h.msg_hdr.msg_iovlen = 1;
-            hdrs.push(h);
+        let hdrs = iovs
+            .iter_mut()
+            .zip(addrs.iter_mut())
+            .map(|(iov, addr)| {
+                // SAFETY: plain old data; zero is valid, the fields that matter are set.
+                let mut h: libc::mmsghdr = unsafe { zeroed() };
+                h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        RecvBatch {
+            bufs,
+            addrs,
+            iovs,
+            hdrs,
+            count: 0,
         }
+    }
+
+    /// Reads up to `BATCH` datagrams without blocking; returns how many arrived.
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        for h in &mut self.hdrs {
+            // The kernel shrinks these to what it wrote; give the full room back each call.
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_len = 0;
+        }
+        debug_assert_eq!(self.iovs.len(), BATCH);
         // SAFETY: every header points at a live iovec, buffer and address slot owned by `self`
-        // or by `iovs`, all of which outlive the call; the kernel writes at most the lengths
-        // given. A null timeout with MSG_DONTWAIT makes the call non-blocking.
+        // (see the type's doc); the kernel writes at most the lengths given. A null timeout
+        // with MSG_DONTWAIT makes the call non-blocking.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
-                hdrs.as_mut_ptr(),
+                self.hdrs.as_mut_ptr(),
                 BATCH as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
@@ -130,12 +150,8 @@ impl RecvBatch {
                 _ => Err(e),
             };
         }
-        let n = n as usize;
-        for (i, h) in hdrs.iter().take(n).enumerate() {
-            self.lens[i] = h.msg_len as usize;
-        }
-        self.count = n;
-        Ok(n)
+        self.count = n as usize;
+        Ok(self.count)
     }
 
     /// Datagram `i` of the last call: its bytes and sender.
@@ -144,61 +160,59 @@ impl RecvBatch {
             return None;
         }
         let from = sockaddr_to_std(&self.addrs[i])?;
-        Some((&self.bufs[i][..self.lens[i].min(MAX_DATAGRAM)], from))
+        let len = (self.hdrs[i].msg_len as usize).min(MAX_DATAGRAM);
+        Some((&self.bufs[i][..len], from))
     }
 }
 
-/// Sends datagrams with as few `sendmmsg` calls as possible; returns how many were sent.
-pub(crate) fn send_batch(fd: RawFd, packets: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
-    let mut sent = 0;
-    for chunk in packets.chunks(BATCH) {
-        let addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-            chunk.iter().map(|(_, a)| std_to_sockaddr(a)).collect();
-        let mut iovs: Vec<libc::iovec> = chunk
-            .iter()
-            .map(|(b, _)| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(chunk.len());
-        for (iov, (ss, len)) in iovs.iter_mut().zip(addrs.iter()) {
-            // SAFETY: plain old data; zero is valid.
-            let mut h: libc::mmsghdr = unsafe { zeroed() };
-            h.msg_hdr.msg_name = ss as *const libc::sockaddr_storage as *mut libc::c_void;
-            h.msg_hdr.msg_namelen = *len;
-            h.msg_hdr.msg_iov = iov;
-            h.msg_hdr.msg_iovlen = 1;
-            hdrs.push(h);
-        }
-        let mut done = 0;
-        while done < hdrs.len() {
-            // SAFETY: the headers point at iovecs, payloads and addresses that live until the
-            // end of this block; the kernel only reads them.
-            let n = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    hdrs[done..].as_mut_ptr(),
-                    (hdrs.len() - done) as libc::c_uint,
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return if sent + done > 0 {
-                    Ok(sent + done)
-                } else {
-                    Err(e)
-                };
-            }
-            done += n as usize;
-        }
-        sent += done;
+/// Sends `lens[i]` bytes of `bufs[i]`, for every i, to `dest` with as few `sendmmsg` calls as
+/// possible; returns how many datagrams were sent.
+pub(crate) fn send_batch(
+    fd: RawFd,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    dest: &SocketAddr,
+) -> io::Result<usize> {
+    let (ss, sslen) = std_to_sockaddr(dest);
+    let n = lens.len().min(bufs.len()).min(BATCH);
+    let mut iovs = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; BATCH];
+    // SAFETY: plain old data; zero is valid.
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    for i in 0..n {
+        iovs[i] = libc::iovec {
+            iov_base: bufs[i].as_ptr() as *mut libc::c_void,
+            iov_len: lens[i].min(bufs[i].len()),
+        };
+        hdrs[i].msg_hdr.msg_name = &ss as *const libc::sockaddr_storage as *mut libc::c_void;
+        hdrs[i].msg_hdr.msg_namelen = sslen;
+        hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
+        hdrs[i].msg_hdr.msg_iovlen = 1;
     }
-    Ok(sent)
+    let mut done = 0;
+    while done < n {
+        // SAFETY: the headers point at iovecs, payloads and one address, all alive until the
+        // end of this function; the kernel only reads them.
+        let r = unsafe {
+            libc::sendmmsg(
+                fd,
+                hdrs[done..n].as_mut_ptr(),
+                (n - done) as libc::c_uint,
+                0,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return if done > 0 { Ok(done) } else { Err(e) };
+        }
+        done += r as usize;
+    }
+    Ok(done)
 }
 
 /// An eventfd: a counter another thread can bump to wake a sleeper.
