@@ -102,6 +102,22 @@ pub enum AtomicOp {
     },
 }
 
+impl AtomicOp {
+    /// The value the target word holds after the operation, given the value it held before.
+    pub const fn apply(self, old: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+        }
+    }
+}
+
 /// Memory as the transport needs it. Every call checks key, protection domain, bounds and the
 /// `need`ed access before touching a byte; a refused call changes nothing.
 pub trait Memory {
@@ -283,16 +299,7 @@ impl Memory for VecMemory {
         let mut w = [0u8; 8];
         w.copy_from_slice(&r.bytes[off..off + 8]);
         let old = u64::from_ne_bytes(w);
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-        };
+        let new = op.apply(old);
         r.bytes[off..off + 8].copy_from_slice(&new.to_ne_bytes());
         Ok(old)
     }

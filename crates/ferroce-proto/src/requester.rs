@@ -628,47 +628,26 @@ impl Requester {
                 w.sent = w.npsn;
                 n
             }
-            SendOp::CompareSwap { compare, swap } => {
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                let (opcode, swap_add, compare) = match w.wr.op {
+                    SendOp::CompareSwap { compare, swap } => {
+                        (Opcode::RC_COMPARE_SWAP, swap, compare)
+                    }
+                    SendOp::FetchAdd { add } => (Opcode::RC_FETCH_ADD, add, 0),
+                    _ => return Err(WcStatus::LocalQpOperationError),
+                };
                 let a = AtomicEthRepr {
                     va: w.wr.remote_addr,
                     rkey: w.wr.rkey,
-                    swap_add: swap,
+                    swap_add,
                     compare,
                 };
                 let ext = ExtHeaders {
                     atomic_eth: Some(a),
                     ..Default::default()
                 };
-                let (_, n) = emit::headers(
-                    buf,
-                    p,
-                    emit::Bth::ack_req(Opcode::RC_COMPARE_SWAP, psn),
-                    ext,
-                    0,
-                )
-                .ok_or(overflow)?;
-                w.sent = 1;
-                n
-            }
-            SendOp::FetchAdd { add } => {
-                let a = AtomicEthRepr {
-                    va: w.wr.remote_addr,
-                    rkey: w.wr.rkey,
-                    swap_add: add,
-                    compare: 0,
-                };
-                let ext = ExtHeaders {
-                    atomic_eth: Some(a),
-                    ..Default::default()
-                };
-                let (_, n) = emit::headers(
-                    buf,
-                    p,
-                    emit::Bth::ack_req(Opcode::RC_FETCH_ADD, psn),
-                    ext,
-                    0,
-                )
-                .ok_or(overflow)?;
+                let (_, n) = emit::headers(buf, p, emit::Bth::ack_req(opcode, psn), ext, 0)
+                    .ok_or(overflow)?;
                 w.sent = 1;
                 n
             }

@@ -175,21 +175,10 @@ impl MrInner {
     pub(crate) fn atomic(&self, offset: usize, op: AtomicOp) -> Result<u64> {
         self.check(offset, 8)?;
         let _g = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        let mut w = [0u8; 8];
         // SAFETY: checked range, exclusive lock; unaligned reads/writes are used, so alignment
         // is not assumed (the transport already refuses misaligned atomics).
         let old = unsafe { std::ptr::read_unaligned(self.ptr.as_ptr().add(offset).cast::<u64>()) };
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-        };
-        w.copy_from_slice(&new.to_ne_bytes());
+        let new = op.apply(old);
         // SAFETY: as above.
         unsafe { std::ptr::write_unaligned(self.ptr.as_ptr().add(offset).cast::<u64>(), new) };
         Ok(old)
