@@ -444,7 +444,7 @@ impl Responder {
         let end = *offset + payload.len() as u64;
         if end > sgl_len(&recv.sgl) {
             let Some(Inbound::Send { recv, .. }) = self.inbound.take() else {
-                unreachable_inbound()
+                return Verdict::Fatal(NakCode::RemoteOperationalError, None);
             };
             return Verdict::Fatal(
                 NakCode::InvalidRequest,
@@ -464,7 +464,7 @@ impl Responder {
         });
         if wrote.is_err() {
             let Some(Inbound::Send { recv, .. }) = self.inbound.take() else {
-                unreachable_inbound()
+                return Verdict::Fatal(NakCode::RemoteOperationalError, None);
             };
             return Verdict::Fatal(
                 NakCode::RemoteOperationalError,
@@ -474,7 +474,7 @@ impl Responder {
         *offset = end;
         if position.ends_message() {
             let Some(Inbound::Send { recv, offset }) = self.inbound.take() else {
-                unreachable_inbound()
+                return Verdict::Fatal(NakCode::RemoteOperationalError, None);
             };
             let mut wc = recv_completion(p, recv.wr_id, WcStatus::Success, WcOpcode::Recv);
             wc.byte_len = offset as u32;
@@ -812,9 +812,4 @@ impl Responder {
             }
         }
     }
-}
-
-fn unreachable_inbound() -> ! {
-    // The caller matched `Some(Inbound::Send)` on the same value just before.
-    unreachable!("inbound message vanished")
 }

@@ -425,7 +425,7 @@ fn setup(
     let conn = match (listener, server_addr) {
         (Some(l), _) => l.accept_many(&local, Duration::from_secs(600)),
         (None, Some(addr)) => cm::connect_many(addr, &local, args.timeout()),
-        (None, None) => unreachable_role(),
+        (None, None) => return Err("internal: setup needs a listener or a server address".into()),
     }
     .map_err(|e| e.to_string())?;
     let copts = ConnectOptions {
@@ -459,10 +459,6 @@ fn setup(
     };
     s.sync(args.timeout())?;
     Ok(s)
-}
-
-fn unreachable_role() -> ! {
-    panic!("setup needs a listener or a server address")
 }
 
 fn pattern(size: u64, len: usize) -> Vec<u8> {
@@ -876,7 +872,7 @@ fn lat_round(
                     last_orig = Some(orig);
                 }
             }
-            _ => unreachable_role(),
+            _ => return Err(format!("{} is not a latency test", test_name(args.test))),
         }
         samples.push(t0.elapsed().as_nanos() as u64);
     }
