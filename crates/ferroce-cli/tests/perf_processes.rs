@@ -373,3 +373,55 @@ fn pingpong_and_devices_and_demo() {
         assert!(text.contains(op), "{op} missing:\n{text}");
     }
 }
+
+#[test]
+fn without_segmentation_offload_the_same_bytes_arrive() {
+    // FERROCE_NO_GSO / FERROCE_NO_GRO force the plain sendmmsg/recvmmsg path a kernel without
+    // UDP offloads would take.
+    let port = free_port();
+    let mut server = ferroce();
+    server
+        .args([
+            "perf",
+            "write_bw",
+            "--port",
+            &port.to_string(),
+            "--size",
+            "1048576",
+            "--iters",
+            "20",
+            "--verify",
+        ])
+        .env("FERROCE_NO_GSO", "1")
+        .env("FERROCE_NO_GRO", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let server = server.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = loop {
+        let out = ferroce()
+            .args([
+                "perf",
+                "write_bw",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--size",
+                "1048576",
+                "--iters",
+                "20",
+                "--verify",
+                "--json",
+            ])
+            .env("FERROCE_NO_GSO", "1")
+            .env("FERROCE_NO_GRO", "1")
+            .output()
+            .unwrap();
+        if !String::from_utf8_lossy(&out.stderr).contains("refused") || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let server = server.wait_with_output().unwrap();
+    assert_ok("write_bw without offloads", &server, &client);
+}

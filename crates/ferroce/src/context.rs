@@ -109,6 +109,10 @@ pub(crate) struct ContextShared {
     pub epoch: std::time::Instant,
     pub engine: Mutex<EngineState>,
     pub capture: Option<Capture>,
+    /// Whether UDP segmentation offload works for sending (cleared on the first refusal).
+    pub gso: AtomicBool,
+    /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
+    pub work_pending: AtomicBool,
     pub counters: EngineCounters,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
@@ -217,6 +221,11 @@ impl Context {
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
+        if std::env::var_os("FERROCE_NO_GRO").is_none() {
+            // Where the kernel has UDP GRO, same-size datagrams arrive coalesced; without it,
+            // one by one, which the engine handles the same way.
+            crate::sys::enable_gro(std::os::fd::AsRawFd::as_raw_fd(&socket));
+        }
         let local = socket
             .local_addr()
             .map_err(|e| Error::io("reading the RoCE socket's address", e))?;
@@ -240,6 +249,8 @@ impl Context {
             epoch: std::time::Instant::now(),
             engine: Mutex::new(EngineState::new()),
             capture,
+            work_pending: AtomicBool::new(true),
+            gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
             counters: EngineCounters::default(),
             next_qpn: AtomicU32::new(0x11),
             next_pd: AtomicU32::new(1),
@@ -401,6 +412,7 @@ impl ProtectionDomain {
             send_socket,
             src_port,
             deferred_ack: Mutex::new(None),
+            last_request_tx: AtomicU64::new(0),
         });
         shared
             .qps

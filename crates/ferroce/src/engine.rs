@@ -8,15 +8,16 @@
 //! or post work (whoever holds the engine lock makes progress).
 //!
 //! The engine thread spins while traffic flows and for [`SPIN`] after, then sleeps in `poll(2)`
-//! on the socket and the doorbell eventfd, with the earliest transport timer as timeout: an idle
-//! context burns no CPU. While an application thread is driving progress itself, the engine
+//! on the socket and the doorbell eventfd, until the earliest transport timer and at most
+//! [`MAX_SLEEP`]: an idle context wakes 250 times a second and otherwise burns no CPU. While an application thread is driving progress itself, the engine
 //! thread stays out of its way and only checks in every millisecond.
 //!
 //! # Deferred ACKs
 //! On a NIC an ACK costs nothing; here every datagram costs a trip through the kernel. In a
 //! ping-pong the responder would send its ACK first and its own request a moment later, two
-//! sends on the critical path. So while an application thread is busy-polling this context (a
-//! reply is likely imminent), a pure positive ACK is held for up to [`ACK_DEFER`] and leaves
+//! sends on the critical path. So while an application thread is busy-polling this context and
+//! the QP itself sent a request within [`PING_PONG_WINDOW`] (a reply is likely imminent), a pure
+//! positive ACK is held for up to [`ACK_DEFER`] and leaves
 //! *after* the next packet of the same QP, in the same `sendmmsg`, or alone when the hold
 //! expires. The IBTA lets a responder coalesce ACKs; NAKs are never held, and when nobody polls
 //! (a passive target served by the engine thread) ACKs leave at once.
@@ -51,6 +52,11 @@ pub(crate) const SPIN: Duration = Duration::from_micros(50);
 const APP_POLL_GRACE: Duration = Duration::from_millis(4);
 /// How long a positive ACK may wait for a data packet to leave with.
 pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
+/// ACKs are held only on a QP that sent a request this recently (it is in a ping-pong).
+const PING_PONG_WINDOW: Duration = Duration::from_micros(50);
+/// The engine thread never sleeps longer than this, whatever it waits for: an application
+/// that drained the socket before the engine woke leaves it nothing to wake on.
+const MAX_SLEEP: Duration = Duration::from_millis(4);
 /// Packets taken from a QP per batch: one slot of the batch stays free for a held ACK.
 const TAKE: usize = BATCH - 1;
 
@@ -60,6 +66,23 @@ pub(crate) struct DeferredAck {
     bytes: [u8; 24],
     len: usize,
     deadline: Instant,
+}
+
+/// Whether a packet is a request (SEND, WRITE, READ request, atomic), not an answer.
+fn is_request(pkt: &[u8]) -> bool {
+    use ferroce_wire::opcode::Operation;
+    pkt.first()
+        .and_then(|&op| ferroce_wire::Opcode(op).info())
+        .is_some_and(|i| {
+            matches!(
+                i.operation,
+                Operation::Send
+                    | Operation::RdmaWrite
+                    | Operation::RdmaReadRequest
+                    | Operation::CompareSwap
+                    | Operation::FetchAdd
+            )
+        })
 }
 
 /// Whether a packet is a pure positive ACKNOWLEDGE (not a NAK, not an atomic or READ answer).
@@ -129,6 +152,7 @@ impl ContextShared {
                 transmit_qp(self, &mut st, qp, now);
             }
             Err(_) => {
+                self.work_pending.store(true, Ordering::SeqCst);
                 if self.sleeping.load(Ordering::SeqCst) {
                     self.doorbell_fd.notify();
                 }
@@ -151,8 +175,11 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
         }
         did = true;
         for i in 0..n {
-            if let Some((bytes, from)) = st.rx.get(i) {
-                deliver(shared, now, bytes, from);
+            if let Some((bytes, from, seg)) = st.rx.get(i) {
+                // GRO hands several same-size datagrams over as one message.
+                for datagram in bytes.chunks(seg.max(1)) {
+                    deliver(shared, now, datagram, from);
+                }
             }
         }
         if n < BATCH {
@@ -160,6 +187,13 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
         }
     }
     let generation = shared.qps_generation.load(Ordering::Acquire);
+    // An idle pass (nothing received, posted, or due) need not visit the QPs: that keeps a
+    // busy-polling application's loop to one system call.
+    let pending = shared.work_pending.swap(false, Ordering::AcqRel);
+    let due = st.next_deadline.is_some_and(|d| d <= now);
+    if !did && !pending && !due && generation == st.qps_generation {
+        return false;
+    }
     if generation != st.qps_generation {
         st.qps = shared
             .qps
@@ -235,7 +269,11 @@ fn transmit_qp(
         let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
         {
             let mut held = qp.deferred_ack.lock().unwrap_or_else(|e| e.into_inner());
-            if k == 1 && app_driving && is_plain_ack(&st.tx[0][..st.tx_lens[0]]) {
+            let recent_request = now
+                .as_nanos()
+                .saturating_sub(qp.last_request_tx.load(Ordering::Relaxed))
+                < PING_PONG_WINDOW.as_nanos() as u64;
+            if k == 1 && app_driving && recent_request && is_plain_ack(&st.tx[0][..st.tx_lens[0]]) {
                 // Hold it; a newer ACK replaces an older one (it acknowledges more).
                 let n = st.tx_lens[0];
                 let mut bytes = [0u8; 24];
@@ -267,6 +305,9 @@ fn transmit_qp(
             // A QP sends only after RTR, which sets the peer; nothing to do otherwise.
             break;
         };
+        if (0..k).any(|i| is_request(&st.tx[i][..st.tx_lens[i]])) {
+            qp.last_request_tx.store(now.as_nanos(), Ordering::Relaxed);
+        }
         let src = SocketAddr::new(shared.local.ip(), qp.src_port);
         let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
         h.dst_port = peer.port();
@@ -283,7 +324,7 @@ fn transmit_qp(
             }
         }
         let bytes: usize = st.tx_lens[..k].iter().sum();
-        match sys::send_batch(qp.send_fd(), &st.tx[..k], &st.tx_lens[..k], &peer) {
+        match send_all(shared, qp.send_fd(), &st.tx[..k], &st.tx_lens[..k], &peer) {
             Ok(sent) => {
                 shared
                     .counters
@@ -307,6 +348,45 @@ fn transmit_qp(
         }
     }
     did
+}
+
+/// Sends the packets in order: runs of equal-size packets with one GSO send each (where the
+/// kernel has UDP segmentation offload), the others with `sendmmsg`.
+fn send_all(
+    shared: &ContextShared,
+    fd: std::os::fd::RawFd,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    peer: &SocketAddr,
+) -> std::io::Result<usize> {
+    let k = lens.len();
+    if !shared.gso.load(Ordering::Relaxed) {
+        return sys::send_batch(fd, bufs, lens, peer);
+    }
+    let mut i = 0;
+    let mut sent = 0;
+    while i < k {
+        let run = sys::gso_run(&lens[i..k]);
+        if run >= 2 {
+            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], peer) {
+                Ok(n) => sent += n,
+                Err(_) => {
+                    // No GSO here (or not for this socket): fall back for good.
+                    shared.gso.store(false, Ordering::Relaxed);
+                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], peer)?;
+                }
+            }
+            i += run;
+        } else {
+            let mut j = i + 1;
+            while j < k && sys::gso_run(&lens[j..k]) < 2 {
+                j += 1;
+            }
+            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], peer)?;
+            i = j;
+        }
+    }
+    Ok(sent)
 }
 
 fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
@@ -387,6 +467,24 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
     let _ = q.handle_packet(now, &mut mem, bytes);
 }
 
+/// One pass if the engine is free and either no application thread is driving progress or a
+/// deadline (a transport timer, a held ACK) is due; `(did anything, next deadline)`. A busy
+/// engine lock means someone else is making progress: look again shortly.
+fn engine_pass(shared: &ContextShared, app_driving: bool) -> (bool, Option<Instant>) {
+    let now = shared.now();
+    match shared.engine.try_lock() {
+        Ok(mut st) => {
+            let due = st.next_deadline.is_some_and(|d| d <= now);
+            let did = (!app_driving || due) && progress(shared, &mut st);
+            (did, st.next_deadline)
+        }
+        Err(_) => (false, Some(now + BUSY_RECHECK)),
+    }
+}
+
+/// How soon the engine thread looks again when it found the engine lock taken.
+const BUSY_RECHECK: Duration = Duration::from_micros(100);
+
 /// The engine thread.
 pub(crate) fn run(shared: Arc<ContextShared>) {
     let mut last_work = std::time::Instant::now();
@@ -395,11 +493,7 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
     while !shared.shutdown.load(Ordering::Acquire) {
         let app_driving =
             shared.app_polling_until.load(Ordering::Acquire) > shared.now().as_nanos();
-        let did = !app_driving
-            && match shared.engine.try_lock() {
-                Ok(mut st) => progress(&shared, &mut st),
-                Err(_) => false,
-            };
+        let (did, _) = engine_pass(&shared, app_driving);
         if did {
             last_work = std::time::Instant::now();
             continue;
@@ -411,22 +505,20 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
         // About to sleep: announce it, then look once more so that a post racing with the
         // announcement is either seen here or rings the doorbell.
         shared.sleeping.store(true, Ordering::SeqCst);
-        let (did, deadline) = match shared.engine.try_lock() {
-            Ok(mut st) if !app_driving => (progress(&shared, &mut st), st.next_deadline),
-            Ok(st) => (false, st.next_deadline),
-            Err(_) => (false, None),
-        };
+        let (did, deadline) = engine_pass(&shared, app_driving);
         if did {
             shared.sleeping.store(false, Ordering::SeqCst);
             last_work = std::time::Instant::now();
             continue;
         }
         let now = shared.now();
-        let timeout = if app_driving {
-            Some(APP_POLL_GRACE)
+        let until_deadline = deadline.map(|d| d.saturating_since(now));
+        let cap = if app_driving {
+            APP_POLL_GRACE
         } else {
-            deadline.map(|d| d.saturating_since(now))
+            MAX_SLEEP
         };
+        let timeout = Some(until_deadline.map_or(cap, |t| t.min(cap)));
         let fds: &[std::os::fd::RawFd] = if app_driving { &[bell] } else { &[sock, bell] };
         let _ = sys::wait_readable(fds, timeout);
         shared.sleeping.store(false, Ordering::SeqCst);

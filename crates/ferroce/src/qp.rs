@@ -110,6 +110,9 @@ pub(crate) struct QpShared {
     pub src_port: u16,
     /// A positive ACK held back to leave after the next data packet (see `engine`).
     pub deferred_ack: Mutex<Option<crate::engine::DeferredAck>>,
+    /// When this QP last sent a request (ns on the context clock): ACKs are held only on a QP
+    /// that is itself sending, i.e. in a ping-pong.
+    pub last_request_tx: std::sync::atomic::AtomicU64,
 }
 
 impl QpShared {

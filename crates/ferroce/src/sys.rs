@@ -8,9 +8,20 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-/// Largest datagram the provider receives: a 4096-byte payload with the largest header stack
-/// and ICRC, rounded up.
+/// Largest datagram the provider sends: a 4096-byte payload with the largest header stack and
+/// ICRC, rounded up.
 pub(crate) const MAX_DATAGRAM: usize = 4096 + 128;
+/// Receive buffer size: with UDP GRO the kernel hands over up to 64 KiB of coalesced
+/// same-size datagrams at once.
+pub(crate) const RECV_BUF: usize = 65_536;
+/// Most bytes one GSO send may carry (the UDP length field's limit, less headers).
+const GSO_MAX_BYTES: usize = 65_000;
+/// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS is 64 or more).
+const GSO_MAX_SEGMENTS: usize = 64;
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+const CMSG_SPACE_INT: usize = 32;
 /// Datagrams read or written per system call.
 pub(crate) const BATCH: usize = 32;
 
@@ -73,14 +84,15 @@ fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
 
 /// Buffers and message headers for `recvmmsg`, built once and reused by every call.
 ///
-/// The headers point into the buffers, addresses and iovecs, all of which live in heap
-/// allocations owned by this value that are never resized, so the pointers stay valid when the
-/// value itself moves.
+/// The headers point into the buffers, addresses, control buffers and iovecs, all of which
+/// live in heap allocations owned by this value that are never resized, so the pointers stay
+/// valid when the value itself moves.
 pub(crate) struct RecvBatch {
-    bufs: Vec<[u8; MAX_DATAGRAM]>,
+    bufs: Vec<Vec<u8>>,
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    cmsgs: Vec<[u8; CMSG_SPACE_INT]>,
     count: usize,
 }
 
@@ -91,7 +103,8 @@ unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
     pub fn new() -> RecvBatch {
-        let mut bufs = vec![[0u8; MAX_DATAGRAM]; BATCH];
+        let mut bufs = vec![vec![0u8; RECV_BUF]; BATCH];
+        let mut cmsgs = vec![[0u8; CMSG_SPACE_INT]; BATCH];
         // SAFETY: plain old data; zero is a valid value.
         let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; BATCH];
         let mut iovs: Vec<libc::iovec> = bufs
@@ -104,12 +117,14 @@ impl RecvBatch {
         let hdrs = iovs
             .iter_mut()
             .zip(addrs.iter_mut())
-            .map(|(iov, addr)| {
+            .zip(cmsgs.iter_mut())
+            .map(|((iov, addr), cmsg)| {
                 // SAFETY: plain old data; zero is valid, the fields that matter are set.
                 let mut h: libc::mmsghdr = unsafe { zeroed() };
                 h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
                 h.msg_hdr.msg_iov = iov;
                 h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_control = cmsg.as_mut_ptr().cast();
                 h
             })
             .collect();
@@ -118,21 +133,23 @@ impl RecvBatch {
             addrs,
             iovs,
             hdrs,
+            cmsgs,
             count: 0,
         }
     }
 
-    /// Reads up to `BATCH` datagrams without blocking; returns how many arrived.
+    /// Reads up to `BATCH` messages without blocking; returns how many arrived.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         for h in &mut self.hdrs {
             // The kernel shrinks these to what it wrote; give the full room back each call.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = CMSG_SPACE_INT as _;
             h.msg_len = 0;
         }
         debug_assert_eq!(self.iovs.len(), BATCH);
-        // SAFETY: every header points at a live iovec, buffer and address slot owned by `self`
-        // (see the type's doc); the kernel writes at most the lengths given. A null timeout
-        // with MSG_DONTWAIT makes the call non-blocking.
+        // SAFETY: every header points at a live iovec, buffer, address and control slot owned
+        // by `self` (see the type's doc); the kernel writes at most the lengths given. A null
+        // timeout with MSG_DONTWAIT makes the call non-blocking.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
@@ -154,14 +171,130 @@ impl RecvBatch {
         Ok(self.count)
     }
 
-    /// Datagram `i` of the last call: its bytes and sender.
-    pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
+    /// Message `i` of the last call: its bytes, its sender, and the size of the datagrams GRO
+    /// coalesced into it (the whole length when it is one datagram).
+    pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr, usize)> {
         if i >= self.count {
             return None;
         }
         let from = sockaddr_to_std(&self.addrs[i])?;
-        let len = (self.hdrs[i].msg_len as usize).min(MAX_DATAGRAM);
-        Some((&self.bufs[i][..len], from))
+        let len = (self.hdrs[i].msg_len as usize).min(RECV_BUF);
+        let seg = self
+            .gro_segment(i)
+            .filter(|&s| s > 0 && s < len)
+            .unwrap_or(len);
+        Some((&self.bufs[i][..len], from, seg))
+    }
+
+    /// The UDP_GRO segment size the kernel reported for message `i`, if any.
+    fn gro_segment(&self, i: usize) -> Option<usize> {
+        let h = &self.hdrs[i].msg_hdr;
+        // msg_controllen is a usize on glibc and a u32 elsewhere.
+        #[allow(clippy::unnecessary_cast)]
+        let ctl_len = h.msg_controllen as usize;
+        let ctl = &self.cmsgs[i][..ctl_len.min(CMSG_SPACE_INT)];
+        // A cmsghdr (len: usize, level: c_int, type: c_int) followed by the int payload.
+        let hdr = size_of::<libc::cmsghdr>();
+        let w = size_of::<usize>();
+        if ctl.len() < hdr + 4 {
+            return None;
+        }
+        let level = i32::from_ne_bytes(ctl[w..w + 4].try_into().ok()?);
+        let kind = i32::from_ne_bytes(ctl[w + 4..w + 8].try_into().ok()?);
+        if level != SOL_UDP || kind != UDP_GRO {
+            return None;
+        }
+        usize::try_from(i32::from_ne_bytes(ctl[hdr..hdr + 4].try_into().ok()?)).ok()
+    }
+}
+
+/// Asks the kernel to coalesce same-size datagrams on receive; returns whether it agreed.
+pub(crate) fn enable_gro(fd: RawFd) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: passes a pointer to a live c_int and its size, as UDP_GRO expects.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            SOL_UDP,
+            UDP_GRO,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// How many of the packets from the first can go in one GSO send: a run of equal lengths, the
+/// last possibly shorter, within the kernel's limits. 1 means "send it on its own".
+pub(crate) fn gso_run(lens: &[usize]) -> usize {
+    let Some(&seg) = lens.first() else { return 0 };
+    let mut n = 1;
+    let mut total = seg;
+    while n < lens.len() && n < GSO_MAX_SEGMENTS && total + lens[n] <= GSO_MAX_BYTES {
+        if lens[n] > seg {
+            break;
+        }
+        total += lens[n];
+        n += 1;
+        if lens[n - 1] < seg {
+            break;
+        }
+    }
+    n
+}
+
+/// Sends `bufs[i][..lens[i]]` for every i as ONE send with UDP segmentation offload: the kernel
+/// cuts it into datagrams of `lens[0]` bytes (the last may be shorter). `lens` must be a run as
+/// [`gso_run`] finds. Returns the number of datagrams sent.
+pub(crate) fn send_gso(
+    fd: RawFd,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    dest: &SocketAddr,
+) -> io::Result<usize> {
+    let n = lens.len().min(bufs.len());
+    if n < 2 || gso_run(&lens[..n]) != n {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a GSO run"));
+    }
+    let seg = lens[0];
+    let (ss, sslen) = std_to_sockaddr(dest);
+    let mut iovs = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; GSO_MAX_SEGMENTS];
+    for i in 0..n {
+        iovs[i] = libc::iovec {
+            iov_base: bufs[i].as_ptr() as *mut libc::c_void,
+            iov_len: lens[i],
+        };
+    }
+    // One cmsghdr carrying the u16 segment size, padded to the control alignment.
+    let mut ctl = [0u8; CMSG_SPACE_INT];
+    let hdr = size_of::<libc::cmsghdr>();
+    let w = size_of::<usize>();
+    let cmsg_len = hdr + 2;
+    ctl[..w].copy_from_slice(&cmsg_len.to_ne_bytes());
+    ctl[w..w + 4].copy_from_slice(&SOL_UDP.to_ne_bytes());
+    ctl[w + 4..w + 8].copy_from_slice(&UDP_SEGMENT.to_ne_bytes());
+    ctl[hdr..hdr + 2].copy_from_slice(&(seg as u16).to_ne_bytes());
+    // SAFETY: plain old data; zero is valid.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_name = &ss as *const libc::sockaddr_storage as *mut libc::c_void;
+    msg.msg_namelen = sslen;
+    msg.msg_iov = iovs.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    msg.msg_control = ctl.as_mut_ptr().cast();
+    msg.msg_controllen = ((cmsg_len + 7) & !7) as _;
+    loop {
+        // SAFETY: the message points at live iovecs, payloads, address and control buffer, all
+        // alive until this function returns; the kernel only reads them.
+        let r = unsafe { libc::sendmsg(fd, &msg, 0) };
+        if r >= 0 {
+            return Ok(n);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
@@ -282,4 +415,23 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Res
         return Err(e);
     }
     Ok(n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gso_run;
+
+    #[test]
+    fn gso_runs() {
+        assert_eq!(gso_run(&[]), 0);
+        assert_eq!(gso_run(&[100]), 1);
+        assert_eq!(
+            gso_run(&[100, 100, 100, 40, 100]),
+            4,
+            "a shorter packet ends the run"
+        );
+        assert_eq!(gso_run(&[40, 100]), 1, "a longer packet cannot follow");
+        assert_eq!(gso_run(&[4124; 40]), 15, "64 KiB at most");
+        assert_eq!(gso_run(&[1000; 100]), 64, "64 segments at most");
+    }
 }
