@@ -425,3 +425,32 @@ fn without_segmentation_offload_the_same_bytes_arrive() {
     let server = server.wait_with_output().unwrap();
     assert_ok("write_bw without offloads", &server, &client);
 }
+
+/// Regression: a receiver that stops polling right after its engine held back an ACK, while the
+/// engine thread slept with nothing to wake it (the application had drained the socket), left
+/// the sender without completions until its timeout (15 runs in 20 failed).
+#[test]
+fn acks_are_never_stranded_when_the_receiver_stops_polling() {
+    for _ in 0..10 {
+        let out = ferroce()
+            .args([
+                "perf",
+                "send_bw",
+                "--loopback",
+                "--size",
+                "1",
+                "--iters",
+                "50",
+                "--timeout",
+                "5",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
