@@ -57,6 +57,10 @@ const PING_PONG_WINDOW: Duration = Duration::from_micros(50);
 /// The engine thread never sleeps longer than this, whatever it waits for: an application
 /// that drained the socket before the engine woke leaves it nothing to wake on.
 const MAX_SLEEP: Duration = Duration::from_millis(4);
+/// The shortest run of packets worth one GSO send.
+const GSO_MIN_RUN: usize = 3;
+/// The smallest packet worth segmentation offload.
+const GSO_MIN_SEGMENT: usize = 512;
 /// Packets taken from a QP per batch: one slot of the batch stays free for a held ACK.
 const TAKE: usize = BATCH - 1;
 
@@ -366,8 +370,10 @@ fn send_all(
     let mut i = 0;
     let mut sent = 0;
     while i < k {
+        // Segmentation offload pays for runs of large packets (a WRITE or READ stream); a few
+        // small ones (a ping-pong's request and ACK) go faster through sendmmsg.
         let run = sys::gso_run(&lens[i..k]);
-        if run >= 2 {
+        if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
             match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], peer) {
                 Ok(n) => sent += n,
                 Err(_) => {
@@ -379,7 +385,8 @@ fn send_all(
             i += run;
         } else {
             let mut j = i + 1;
-            while j < k && sys::gso_run(&lens[j..k]) < 2 {
+            while j < k && !(sys::gso_run(&lens[j..k]) >= GSO_MIN_RUN && lens[j] >= GSO_MIN_SEGMENT)
+            {
                 j += 1;
             }
             sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], peer)?;
@@ -467,15 +474,15 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
     let _ = q.handle_packet(now, &mut mem, bytes);
 }
 
-/// One pass if the engine is free and either no application thread is driving progress or a
-/// deadline (a transport timer, a held ACK) is due; `(did anything, next deadline)`. A busy
-/// engine lock means someone else is making progress: look again shortly.
+/// One pass if the engine is free and no application thread is driving progress (its own
+/// passes run the timers and release held ACKs; the engine steps in [`APP_POLL_GRACE`] after it
+/// stops); `(did anything, next deadline)`. A busy engine lock means someone else is making
+/// progress: look again shortly.
 fn engine_pass(shared: &ContextShared, app_driving: bool) -> (bool, Option<Instant>) {
     let now = shared.now();
     match shared.engine.try_lock() {
         Ok(mut st) => {
-            let due = st.next_deadline.is_some_and(|d| d <= now);
-            let did = (!app_driving || due) && progress(shared, &mut st);
+            let did = !app_driving && progress(shared, &mut st);
             (did, st.next_deadline)
         }
         Err(_) => (false, Some(now + BUSY_RECHECK)),
@@ -513,12 +520,13 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
         }
         let now = shared.now();
         let until_deadline = deadline.map(|d| d.saturating_since(now));
-        let cap = if app_driving {
+        // While an application drives progress, its passes handle deadlines; waking for them
+        // here would only preempt it.
+        let timeout = Some(if app_driving {
             APP_POLL_GRACE
         } else {
-            MAX_SLEEP
-        };
-        let timeout = Some(until_deadline.map_or(cap, |t| t.min(cap)));
+            until_deadline.map_or(MAX_SLEEP, |t| t.min(MAX_SLEEP))
+        });
         let fds: &[std::os::fd::RawFd] = if app_driving { &[bell] } else { &[sock, bell] };
         let _ = sys::wait_readable(fds, timeout);
         shared.sleeping.store(false, Ordering::SeqCst);
