@@ -126,6 +126,22 @@ pub(crate) fn walk_sges(
     Ok(())
 }
 
+/// Whether the QP and the region of `reth`'s key both allow `need` for `len` bytes at its address.
+/// A zero-length access touches no memory and needs no valid key (IBTA C9-88).
+fn remote_access_allowed(
+    ctx: &mut Ctx<'_>,
+    reth: ferroce_wire::reth::RethRepr,
+    len: u64,
+    need: Access,
+) -> bool {
+    len == 0
+        || (ctx.p.access.contains(need)
+            && ctx
+                .mem
+                .check(ctx.p.pd, KeyKind::Remote, reth.rkey, reth.va, len, need)
+                .is_ok())
+}
+
 fn sgl_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| u64::from(s.length)).sum()
 }
@@ -521,22 +537,8 @@ impl Responder {
             if dma_len > MAX_MESSAGE_LEN || !shape_ok {
                 return Verdict::Fatal(NakCode::InvalidRequest, None);
             }
-            if dma_len > 0 {
-                let allowed = p.access.contains(Access::REMOTE_WRITE)
-                    && ctx
-                        .mem
-                        .check(
-                            p.pd,
-                            KeyKind::Remote,
-                            reth.rkey,
-                            reth.va,
-                            dma_len,
-                            Access::REMOTE_WRITE,
-                        )
-                        .is_ok();
-                if !allowed {
-                    return Verdict::Fatal(NakCode::RemoteAccessError, None);
-                }
+            if !remote_access_allowed(ctx, reth, dma_len, Access::REMOTE_WRITE) {
+                return Verdict::Fatal(NakCode::RemoteAccessError, None);
             }
             self.inbound = Some(Inbound::Write {
                 va: reth.va,
@@ -611,22 +613,8 @@ impl Responder {
         if len > MAX_MESSAGE_LEN || self.pending_rd_atomic() >= usize::from(p.max_dest_rd_atomic) {
             return Verdict::Fatal(NakCode::InvalidRequest, None);
         }
-        if len > 0 {
-            let allowed = p.access.contains(Access::REMOTE_READ)
-                && ctx
-                    .mem
-                    .check(
-                        p.pd,
-                        KeyKind::Remote,
-                        reth.rkey,
-                        reth.va,
-                        len,
-                        Access::REMOTE_READ,
-                    )
-                    .is_ok();
-            if !allowed {
-                return Verdict::Fatal(NakCode::RemoteAccessError, None);
-            }
+        if !remote_access_allowed(ctx, reth, len, Access::REMOTE_READ) {
+            return Verdict::Fatal(NakCode::RemoteAccessError, None);
         }
         let psn = repr.bth.psn;
         let npsn = (len.div_ceil(u64::from(p.mtu))).max(1) as u32;
