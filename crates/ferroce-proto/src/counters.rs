@@ -1,45 +1,161 @@
 //! Per-QP counters, named as Linux rxe's hardware counters name them (`rdma statistic`), so the
-//! figures read the same as rdma-core's tools print for rxe.
+//! figures read the same as rdma-core's tools print for rxe. Where rxe has no counter for an
+//! event, the name is mlx5's (`/sys/class/infiniband/*/ports/*/hw_counters`) when it has one,
+//! else one in the same style.
+//!
+//! Every way the transport refuses or drops a packet bumps exactly one counter here (or, for
+//! what never reaches a QP, one of the provider's context counters), so a packet never vanishes
+//! unseen.
 
-/// Counters of one queue pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
-    /// Packets transmitted (`sent_pkts`).
-    pub sent_pkts: u64,
-    /// Packets received and accepted by the QP (`rcvd_pkts`).
-    pub rcvd_pkts: u64,
-    /// Payload bytes transmitted.
-    pub sent_bytes: u64,
-    /// Payload bytes received.
-    pub rcvd_bytes: u64,
-    /// Request packets sent again by go-back-N (`retransmits`).
-    pub retransmits: u64,
-    /// Requests received with a PSN already seen (`duplicate_request`).
-    pub duplicate_request: u64,
-    /// Requests received ahead of the expected PSN (`out_of_seq_request`).
-    pub out_of_seq_request: u64,
-    /// PSN-sequence-error NAKs sent.
-    pub send_seq_nak: u64,
-    /// PSN-sequence-error NAKs received (`rcvd_seq_err`).
-    pub rcvd_seq_err: u64,
-    /// RNR NAKs sent (`send_rnr_err`).
-    pub send_rnr_err: u64,
-    /// RNR NAKs received (`rcvd_rnr_err`).
-    pub rcvd_rnr_err: u64,
-    /// Local ACK timeouts that led to a retry (`completer_retry_err`).
-    pub completer_retry_err: u64,
-    /// Transport retry counter exhausted (`retry_exceeded_err`).
-    pub retry_exceeded_err: u64,
-    /// RNR retry counter exhausted (`retry_rnr_exceeded_err`).
-    pub retry_rnr_exceeded_err: u64,
-    /// Requests refused for a bad R_Key, bounds or rights (remote access error NAKs sent).
-    pub rkey_violations: u64,
-    /// Invalid-request NAKs sent.
-    pub send_invalid_request: u64,
-    /// Responses received for PSNs no longer outstanding, or that do not fit the request.
-    pub duplicate_response: u64,
-    /// Packets dropped because the QP's state does not take them.
-    pub dropped_bad_state: u64,
-    /// ACK packets sent.
-    pub acks_sent: u64,
+/// Declares the counter struct once and derives its name table and arithmetic from the same
+/// list, so a new counter cannot be left out of [`Counters::named`] or [`Counters::add`].
+macro_rules! counters {
+    ($(#[$sm:meta])* pub struct $name:ident { $($(#[$m:meta])* $field:ident,)* }) => {
+        $(#[$sm])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        pub struct $name {
+            $($(#[$m])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// The counters' names, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// Every counter as `(name, value)`, in declaration order.
+            pub fn named(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($field), self.$field)),*]
+            }
+
+            /// Adds every counter of `other` into `self` (to total several QPs).
+            pub fn add(&mut self, other: &$name) {
+                $(self.$field = self.$field.wrapping_add(other.$field);)*
+            }
+        }
+    };
+}
+
+counters! {
+    /// Counters of one queue pair.
+    pub struct Counters {
+        /// Packets transmitted (`sent_pkts`).
+        sent_pkts,
+        /// Packets received and accepted by the QP (`rcvd_pkts`).
+        rcvd_pkts,
+        /// Payload bytes transmitted (`sent_bytes`).
+        sent_bytes,
+        /// Payload bytes received (`rcvd_bytes`).
+        rcvd_bytes,
+        /// Request packets sent again by go-back-N (`retransmits`).
+        retransmits,
+        /// Requests received with a PSN already seen (`duplicate_request`).
+        duplicate_request,
+        /// Requests received ahead of the expected PSN (`out_of_seq_request`).
+        out_of_seq_request,
+        /// PSN-sequence-error NAKs sent.
+        send_seq_nak,
+        /// PSN-sequence-error NAKs received (`rcvd_seq_err`).
+        rcvd_seq_err,
+        /// Responses that skipped a READ or atomic answer, taken as a NAK
+        /// (`implied_nak_seq_err`, mlx5's name).
+        implied_nak_seq_err,
+        /// RNR NAKs sent (`send_rnr_err`).
+        send_rnr_err,
+        /// RNR NAKs received (`rcvd_rnr_err`).
+        rcvd_rnr_err,
+        /// Local ACK timeouts that led to a retry (`completer_retry_err`).
+        completer_retry_err,
+        /// Transport retry counter exhausted (`retry_exceeded_err`).
+        retry_exceeded_err,
+        /// RNR retry counter exhausted (`retry_rnr_exceeded_err`).
+        retry_rnr_exceeded_err,
+        /// Requests refused for a bad R_Key, bounds or rights (remote access error NAKs sent).
+        rkey_violations,
+        /// Invalid-request NAKs sent (bad opcode sequence, length, alignment, resources).
+        send_invalid_request,
+        /// Remote-operational-error NAKs sent (a receive buffer that could not be written).
+        send_remote_op_err,
+        /// Remote-access-error NAKs received (`req_remote_access_errors`, mlx5's name).
+        req_remote_access_errors,
+        /// Invalid-request NAKs received (`req_remote_invalid_request`, mlx5's name).
+        req_remote_invalid_request,
+        /// Remote-operational-error NAKs received (`remote_op_err`, bnxt_re's name).
+        remote_op_err,
+        /// Responses received for PSNs no longer outstanding, or that do not fit the request.
+        duplicate_response,
+        /// Packets dropped because the QP's state does not take them, or because they belong
+        /// to a transport other than RC.
+        dropped_bad_state,
+        /// ACK packets sent.
+        acks_sent,
+        /// SEND work requests completed (`rdma_sends`).
+        rdma_sends,
+        /// Receive work requests completed successfully (`rdma_recvs`).
+        rdma_recvs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field set to its position (1-based), written out in full so that a new field
+    /// must be added here too.
+    fn numbered() -> Counters {
+        Counters {
+            sent_pkts: 1,
+            rcvd_pkts: 2,
+            sent_bytes: 3,
+            rcvd_bytes: 4,
+            retransmits: 5,
+            duplicate_request: 6,
+            out_of_seq_request: 7,
+            send_seq_nak: 8,
+            rcvd_seq_err: 9,
+            implied_nak_seq_err: 10,
+            send_rnr_err: 11,
+            rcvd_rnr_err: 12,
+            completer_retry_err: 13,
+            retry_exceeded_err: 14,
+            retry_rnr_exceeded_err: 15,
+            rkey_violations: 16,
+            send_invalid_request: 17,
+            send_remote_op_err: 18,
+            req_remote_access_errors: 19,
+            req_remote_invalid_request: 20,
+            remote_op_err: 21,
+            duplicate_response: 22,
+            dropped_bad_state: 23,
+            acks_sent: 24,
+            rdma_sends: 25,
+            rdma_recvs: 26,
+        }
+    }
+
+    #[test]
+    fn named_lists_every_field_in_order_under_its_own_name() {
+        let named = numbered().named();
+        assert_eq!(named.len(), Counters::NAMES.len());
+        for (i, &(name, v)) in named.iter().enumerate() {
+            assert_eq!(v, i as u64 + 1, "{name}");
+            assert_eq!(name, Counters::NAMES[i]);
+        }
+        assert_eq!(named[0], ("sent_pkts", 1));
+        assert!(named.contains(&("rkey_violations", numbered().rkey_violations)));
+        let mut names = Counters::NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Counters::NAMES.len(), "duplicate counter name");
+    }
+
+    #[test]
+    fn add_sums_every_field() {
+        let mut a = numbered();
+        a.add(&numbered());
+        for (i, &(name, v)) in a.named().iter().enumerate() {
+            assert_eq!(v, 2 * (i as u64 + 1), "{name}");
+        }
+        let mut z = Counters::default();
+        z.add(&Counters::default());
+        assert_eq!(z, Counters::default());
+    }
 }

@@ -174,9 +174,12 @@ impl Requester {
     }
 
     /// Completes every request at the front that is done, in posting order.
-    fn retire(&mut self, p: &Params, cq: &mut CompletionQueue) {
+    fn retire(&mut self, p: &Params, counters: &mut Counters, cq: &mut CompletionQueue) {
         while let Some(w) = self.sq.front() {
             let Some(status) = w.result else { break };
+            if matches!(wc_opcode(w.wr.op), WcOpcode::Send) {
+                counters.rdma_sends += 1;
+            }
             if status != WcStatus::Success || w.wr.flags.signaled {
                 cq.push_back(completion(p, &w.wr, status, w.len));
             }
@@ -306,6 +309,7 @@ impl Requester {
             self.progress(ctx.p, now);
         }
         if let Some(psn) = implied_nak {
+            ctx.counters.implied_nak_seq_err += 1;
             if self.retry(ctx.counters, psn) {
                 ctx.fatal = true;
             }
@@ -362,6 +366,11 @@ impl Requester {
                     }
                 }
                 Syndrome::Nak(code) => {
+                    match code {
+                        NakCode::RemoteAccessError => ctx.counters.req_remote_access_errors += 1,
+                        NakCode::RemoteOperationalError => ctx.counters.remote_op_err += 1,
+                        _ => ctx.counters.req_remote_invalid_request += 1,
+                    }
                     if self.ack_before(ctx, now, psn) {
                         let status = match code {
                             NakCode::RemoteAccessError => WcStatus::RemoteAccessError,
@@ -379,7 +388,7 @@ impl Requester {
         } else {
             self.read_response(ctx, now, repr, payload);
         }
-        self.retire(ctx.p, cq);
+        self.retire(ctx.p, ctx.counters, cq);
     }
 
     fn atomic_ack(&mut self, ctx: &mut Ctx<'_>, now: Instant, repr: &PacketRepr) {
@@ -456,9 +465,15 @@ impl Requester {
         }
         let expected = w.first_psn.add(w.acked);
         if psn != expected {
-            // A gap: the responses before this one were lost. Rewind to the first missing.
-            if psn.is_after(expected) && self.retry(ctx.counters, expected) {
-                ctx.fatal = true;
+            if psn.is_after(expected) {
+                // A gap: the responses before this one were lost. Rewind to the first missing.
+                ctx.counters.implied_nak_seq_err += 1;
+                if self.retry(ctx.counters, expected) {
+                    ctx.fatal = true;
+                }
+            } else {
+                // A response this request already took.
+                ctx.counters.duplicate_response += 1;
             }
             return;
         }
@@ -589,7 +604,7 @@ impl Requester {
                 Err(status) => {
                     self.sq[i].result = Some(status);
                     ctx.fatal = true;
-                    self.retire(p, cq);
+                    self.retire(p, ctx.counters, cq);
                     return None;
                 }
             }

@@ -312,6 +312,8 @@ impl Responder {
                 match code {
                     NakCode::RemoteAccessError => ctx.counters.rkey_violations += 1,
                     NakCode::InvalidRequest => ctx.counters.send_invalid_request += 1,
+                    NakCode::RemoteOperationalError => ctx.counters.send_remote_op_err += 1,
+                    // The verdicts above are the only fatal ones the responder gives.
                     _ => {}
                 }
                 if let Some((wr, status, opcode)) = recv {
@@ -505,6 +507,7 @@ impl Responder {
                 }
                 wc.invalidated_rkey = Some(ieth.rkey);
             }
+            ctx.counters.rdma_recvs += 1;
             cq.push_back(wc);
         }
         Verdict::Ok
@@ -598,6 +601,7 @@ impl Responder {
                 wc.byte_len = total as u32;
                 wc.imm_data = Some(imm.value);
                 wc.solicited = repr.bth.solicited;
+                ctx.counters.rdma_recvs += 1;
                 cq.push_back(wc);
             }
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
-use ferroce_proto::{Access, QpCaps};
+use ferroce_proto::{Access, Counters, QpCaps};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::capture::Capture;
@@ -68,10 +68,15 @@ pub(crate) struct EngineCounters {
     pub send_errors: AtomicU64,
 }
 
-/// A snapshot of a context's packet-path counters.
+/// A snapshot of a context's counters: its packet path (every datagram the socket saw, and
+/// every one refused before it reached a QP) and the transport counters of all its QPs summed,
+/// including QPs already destroyed, so one value says everything the context counted.
+///
+/// The names are rdma-core's (rxe's) where one exists; [`ContextCounters::named`] lists them
+/// all, as `ferroce perf --counters` prints them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ContextCounters {
-    /// Datagrams received.
+    /// Datagrams received (every one, refused or not).
     pub rx_packets: u64,
     /// Datagrams sent.
     pub tx_packets: u64,
@@ -81,14 +86,50 @@ pub struct ContextCounters {
     pub tx_bytes: u64,
     /// Datagrams refused for a bad ICRC.
     pub icrc_errors: u64,
-    /// Datagrams that are not RoCE v2 packets.
+    /// Datagrams that are not RoCE v2 packets (too short, unknown opcode or version, headers or
+    /// pad that do not fit).
     pub malformed: u64,
     /// Packets for a QP number this context does not have.
     pub unknown_qpn: u64,
     /// Packets for a connected QP from an address other than its peer's.
     pub wrong_source: u64,
-    /// Send system calls that failed.
+    /// Send system calls that failed or sent only part of a batch (rxe's `send_err`, the
+    /// name [`Self::named`] gives it).
     pub send_errors: u64,
+    /// The transport counters of every QP of the context, live and destroyed, summed.
+    pub qps: Counters,
+}
+
+impl ContextCounters {
+    /// Every counter as `(name, value)`: the packet path's, then the QPs' sum.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        // Destructured without `..`, so a new field cannot be forgotten here.
+        let ContextCounters {
+            rx_packets,
+            tx_packets,
+            rx_bytes,
+            tx_bytes,
+            icrc_errors,
+            malformed,
+            unknown_qpn,
+            wrong_source,
+            send_errors,
+            qps,
+        } = *self;
+        let mut v = vec![
+            ("rx_packets", rx_packets),
+            ("tx_packets", tx_packets),
+            ("rx_bytes", rx_bytes),
+            ("tx_bytes", tx_bytes),
+            ("icrc_errors", icrc_errors),
+            ("malformed", malformed),
+            ("unknown_qpn", unknown_qpn),
+            ("wrong_source", wrong_source),
+            ("send_err", send_errors),
+        ];
+        v.extend(qps.named());
+        v
+    }
 }
 
 /// Everything the engine thread and the handles share.
@@ -114,17 +155,29 @@ pub(crate) struct ContextShared {
     /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
     pub work_pending: AtomicBool,
     pub counters: EngineCounters,
+    /// The transport counters of destroyed QPs, summed.
+    pub retired_qp_counters: Mutex<Counters>,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
 }
 
 impl ContextShared {
     pub(crate) fn remove_qp(&self, qpn: u32) {
-        self.qps
+        let gone = self
+            .qps
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&qpn);
         self.qps_generation.fetch_add(1, Ordering::AcqRel);
+        if let Some(qp) = gone {
+            // Whatever the engine still counts for it in a pass already under way is lost; a
+            // packet that arrives from now on counts as for an unknown QPN.
+            let c = *qp.qp.lock().unwrap_or_else(|e| e.into_inner()).counters();
+            self.retired_qp_counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(&c);
+        }
     }
 }
 
@@ -252,6 +305,7 @@ impl Context {
             work_pending: AtomicBool::new(true),
             gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
             counters: EngineCounters::default(),
+            retired_qp_counters: Mutex::new(Counters::default()),
             next_qpn: AtomicU32::new(0x11),
             next_pd: AtomicU32::new(1),
         });
@@ -317,9 +371,25 @@ impl Context {
         self.inner.shared.progress_inline()
     }
 
-    /// Packet-path counters.
+    /// The context's counters: its packet path and the sum over all its QPs, destroyed ones
+    /// included (see [`ContextCounters`]).
     pub fn counters(&self) -> ContextCounters {
-        let c = &self.inner.shared.counters;
+        let shared = &self.inner.shared;
+        let mut qps = *shared
+            .retired_qp_counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let live: Vec<Arc<QpShared>> = shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for qp in live {
+            qps.add(qp.qp.lock().unwrap_or_else(|e| e.into_inner()).counters());
+        }
+        let c = &shared.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ContextCounters {
             rx_packets: l(&c.rx_packets),
@@ -331,6 +401,7 @@ impl Context {
             unknown_qpn: l(&c.unknown_qpn),
             wrong_source: l(&c.wrong_source),
             send_errors: l(&c.send_errors),
+            qps,
         }
     }
 

@@ -184,6 +184,11 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
                 for datagram in bytes.chunks(seg.max(1)) {
                     deliver(shared, now, datagram, from);
                 }
+            } else {
+                // A sender address of a family the socket cannot have: nothing to answer.
+                let c = &shared.counters;
+                c.rx_packets.fetch_add(1, Ordering::Relaxed);
+                c.malformed.fetch_add(1, Ordering::Relaxed);
             }
         }
         if n < BATCH {
@@ -470,8 +475,11 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
         }
     }
     let mut mem = EngineMemory { table: &shared.mrs };
-    // The ICRC already passed; a packet that does not parse is counted by the QP as dropped.
-    let _ = q.handle_packet(now, &mut mem, bytes);
+    // The packet was validated above, so the QP parses it; should it not, it is malformed.
+    // Every refusal past this point is counted by the QP itself.
+    if q.handle_packet(now, &mut mem, bytes).is_err() {
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// One pass if the engine is free and no application thread is driving progress (its own

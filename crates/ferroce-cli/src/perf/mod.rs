@@ -974,28 +974,18 @@ fn print_banner(args: &PerfArgs, s: &Session) {
 }
 
 fn print_counters(args: &PerfArgs, s: &Session) {
-    let mut t = ferroce::Counters::default();
-    for q in &s.qps {
-        ferroce_proto::sim::scenario::add_counters(&mut t, &q.counters());
-    }
-    let c = s.ctx.counters();
-    let v = serde_json::json!({
-        "counters": {
-            "sent_pkts": t.sent_pkts, "rcvd_pkts": t.rcvd_pkts, "sent_bytes": t.sent_bytes, "rcvd_bytes": t.rcvd_bytes,
-            "retransmits": t.retransmits, "duplicate_request": t.duplicate_request,
-            "out_of_seq_request": t.out_of_seq_request, "send_seq_nak": t.send_seq_nak, "rcvd_seq_err": t.rcvd_seq_err,
-            "send_rnr_err": t.send_rnr_err, "rcvd_rnr_err": t.rcvd_rnr_err, "completer_retry_err": t.completer_retry_err,
-            "retry_exceeded_err": t.retry_exceeded_err, "retry_rnr_exceeded_err": t.retry_rnr_exceeded_err,
-            "rkey_violations": t.rkey_violations, "icrc_errors": c.icrc_errors, "malformed": c.malformed,
-            "unknown_qpn": c.unknown_qpn, "wrong_source": c.wrong_source,
-        }
-    });
+    // The context's view: its packet path plus every QP's transport counters summed.
+    let named = s.ctx.counters().named();
     if args.json {
-        println!("{v}");
-    } else if let Some(map) = v["counters"].as_object() {
+        let map: serde_json::Map<String, serde_json::Value> = named
+            .iter()
+            .map(|&(k, v)| (k.to_string(), v.into()))
+            .collect();
+        println!("{}", serde_json::json!({ "counters": map }));
+    } else {
         println!(" Counters (this side):");
-        for (k, val) in map {
-            println!("   {k:<24} {val}");
+        for (k, v) in named {
+            println!("   {k:<28} {v}");
         }
     }
 }
