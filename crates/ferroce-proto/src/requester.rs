@@ -125,6 +125,14 @@ pub(crate) struct Requester {
     /// PSN of the last go-back, until progress is made: a second trigger for the same gap is
     /// ignored, so one loss costs one retransmission pass, not one per later packet.
     gone_back_to: Option<Psn>,
+    /// One past the highest PSN sent when the last go-back happened, until `una` reaches it.
+    /// Everything before it is being sent again, so a NAK or an out-of-order response for a PSN
+    /// before it is a late echo of the old pass (reordered, or triggered by a packet that was
+    /// already in flight), not news of a fresh loss: acting on each would restart the stream
+    /// once per late packet and, for READ, make the responder resend the rest of the message
+    /// every time. A loss inside the recovery pass itself is left to the ACK timer, as TCP's
+    /// NewReno leaves a loss after its `recover` point.
+    recover: Option<Psn>,
 }
 
 impl Requester {
@@ -217,6 +225,17 @@ impl Requester {
     /// Rewinds transmission to `psn`: the request holding it resends from there (a READ or
     /// atomic from its first unanswered PSN), every later started request from its start.
     fn go_back(&mut self, psn: Psn) {
+        let high = self
+            .sq
+            .iter()
+            .filter(|w| w.started && w.sent > 0)
+            .map(|w| w.first_psn.add(w.sent))
+            .last();
+        if let Some(h) = high {
+            if !matches!(self.recover, Some(r) if !h.is_after(r)) {
+                self.recover = Some(h);
+            }
+        }
         let mut first = None;
         for (i, w) in self.sq.iter_mut().enumerate() {
             if w.result.is_some() || !w.started {
@@ -241,7 +260,7 @@ impl Requester {
     /// Retries from `psn` after a sequence-error NAK, an implied NAK or a timeout. Returns
     /// `true` when the retry budget is spent (the request failed, the QP must go to ERR).
     fn retry(&mut self, counters: &mut Counters, psn: Psn) -> bool {
-        if self.gone_back_to == Some(psn) {
+        if self.gone_back_to == Some(psn) || self.recover.is_some_and(|r| psn.is_before(r)) {
             return false;
         }
         if self.retry_left == 0 {
@@ -258,6 +277,9 @@ impl Requester {
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
         self.gone_back_to = None;
+        if self.recover.is_some_and(|r| !self.una.is_before(r)) {
+            self.recover = None;
+        }
         if self.any_outstanding() {
             self.arm(p, now);
         } else {
@@ -356,6 +378,8 @@ impl Requester {
                             self.timer = None;
                             self.go_back(psn);
                             self.gone_back_to = None;
+                            // Nothing was lost: the responder dropped what followed on purpose.
+                            self.recover = None;
                         }
                     }
                 }
@@ -520,8 +544,10 @@ impl Requester {
             }
             counters.completer_retry_err += 1;
             let una = self.una;
-            // A timeout always rewinds, even to a PSN a NAK already rewound to.
+            // A timeout always rewinds, even to a PSN a NAK already rewound to or inside a
+            // recovery pass (whose own losses only the timer can find).
             self.gone_back_to = None;
+            self.recover = None;
             if self.retry(counters, una) {
                 return true;
             }

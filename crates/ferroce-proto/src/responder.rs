@@ -72,6 +72,8 @@ enum Resource {
         first_psn: Psn,
         npsn: u32,
         rkey: u32,
+        va: u64,
+        len: u64,
     },
     Atomic {
         psn: Psn,
@@ -330,26 +332,61 @@ impl Responder {
         let op = repr.bth.opcode;
         if op == Opcode::RC_RDMA_READ_REQUEST {
             let Some(reth) = repr.ext.reth else { return };
-            let found = self.resources.iter().rev().find_map(|r| match *r {
+            // Served again only as a requester's retry asks for it: from a PSN inside the
+            // original, for a part of its range, answered within its PSNs (rxe drops anything
+            // else too). A larger duplicate would answer with PSNs that belong to later
+            // requests and read bytes no accepted request asked for.
+            let dup_len = u64::from(reth.dma_len);
+            let dup_npsn = dup_len.div_ceil(u64::from(ctx.p.mtu)).max(1);
+            let found = self.resources.iter().any(|r| match *r {
                 Resource::Read {
                     first_psn,
                     npsn,
                     rkey,
-                } if psn.distance_from(first_psn) < npsn && rkey == reth.rkey => Some(first_psn),
-                _ => None,
+                    va,
+                    len,
+                } => {
+                    let k = psn.distance_from(first_psn);
+                    k < npsn
+                        && rkey == reth.rkey
+                        && reth.va >= va
+                        && reth.va.checked_add(dup_len).is_some_and(|end| {
+                            va.checked_add(len).is_some_and(|orig_end| end <= orig_end)
+                        })
+                        && u64::from(k) + dup_npsn <= u64::from(npsn)
+                }
+                Resource::Atomic { .. } => false,
             });
-            if let Some(first_psn) = found {
+            if found {
                 // Executed again from the PSN asked for; the RETH says where that part starts.
-                self.out.push_back(Response::Read {
+                let again = Response::Read {
                     next_psn: psn,
                     first_psn: psn,
                     va: reth.va,
                     rkey: reth.rkey,
-                    len: u64::from(reth.dma_len),
+                    len: dup_len,
                     offset: 0,
                     msn: self.msn,
+                };
+                // If the earlier answer to this READ is still being sent, restart it from here
+                // instead of queueing a second one behind it: the requester has everything
+                // before `psn` and would throw the rest of the old answer away, and waiting for
+                // it to drain first can outlast the requester's ACK timer — which retries, and
+                // queues yet another copy. (rxe likewise reuses the READ's resource.)
+                let mtu = u64::from(ctx.p.mtu);
+                let under_way = self.out.iter_mut().find(|r| match **r {
+                    Response::Read {
+                        first_psn, len, ..
+                    } => {
+                        let npsn = len.div_ceil(mtu).max(1);
+                        u64::from(psn.distance_from(first_psn)) < npsn
+                    }
+                    _ => false,
                 });
-                let _ = first_psn;
+                match under_way {
+                    Some(r) => *r = again,
+                    None => self.out.push_back(again),
+                }
             }
             return;
         }
@@ -627,6 +664,8 @@ impl Responder {
             first_psn: psn,
             npsn,
             rkey: reth.rkey,
+            va: reth.va,
+            len,
         });
         self.out.push_back(Response::Read {
             next_psn: psn,

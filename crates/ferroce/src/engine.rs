@@ -154,6 +154,9 @@ impl ContextShared {
             Ok(mut st) => {
                 let now = self.now();
                 transmit_qp(self, &mut st, qp, now);
+                // What was just sent may have armed the QP's retransmission timer; idle passes
+                // only look at the QPs when a deadline they know of is due, so make it known.
+                note_deadline(&mut st, qp);
             }
             Err(_) => {
                 self.work_pending.store(true, Ordering::SeqCst);
@@ -223,27 +226,32 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
             }
         }
         did |= transmit_qp(shared, st, qp, now);
-        let held = qp
-            .deferred_ack
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map(|h| h.deadline);
-        let timer = qp
-            .qp
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .next_timeout();
-        let deadline = match (timer, held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        st.next_deadline = match (st.next_deadline, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        note_deadline(st, qp);
     }
     st.qps = qps;
     did
+}
+
+/// Folds `qp`'s next deadline (retransmission timer or held ACK) into the engine's.
+fn note_deadline(st: &mut EngineState, qp: &QpShared) {
+    let held = qp
+        .deferred_ack
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .map(|h| h.deadline);
+    let timer = qp
+        .qp
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .next_timeout();
+    let deadline = match (timer, held) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    st.next_deadline = match (st.next_deadline, deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
 }
 
 /// Sends everything `qp` can send now and moves its completions to their CQs.
