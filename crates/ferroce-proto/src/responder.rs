@@ -359,15 +359,34 @@ impl Responder {
             });
             if found {
                 // Executed again from the PSN asked for; the RETH says where that part starts.
-                self.out.push_back(Response::Read {
+                let again = Response::Read {
                     next_psn: psn,
                     first_psn: psn,
                     va: reth.va,
                     rkey: reth.rkey,
-                    len: u64::from(reth.dma_len),
+                    len: dup_len,
                     offset: 0,
                     msn: self.msn,
+                };
+                // If the earlier answer to this READ is still being sent, restart it from here
+                // instead of queueing a second one behind it: the requester has everything
+                // before `psn` and would throw the rest of the old answer away, and waiting for
+                // it to drain first can outlast the requester's ACK timer — which retries, and
+                // queues yet another copy. (rxe likewise reuses the READ's resource.)
+                let mtu = u64::from(ctx.p.mtu);
+                let under_way = self.out.iter_mut().find(|r| match **r {
+                    Response::Read {
+                        first_psn, len, ..
+                    } => {
+                        let npsn = len.div_ceil(mtu).max(1);
+                        u64::from(psn.distance_from(first_psn)) < npsn
+                    }
+                    _ => false,
                 });
+                match under_way {
+                    Some(r) => *r = again,
+                    None => self.out.push_back(again),
+                }
             }
             return;
         }
