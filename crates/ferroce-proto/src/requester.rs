@@ -257,10 +257,15 @@ impl Requester {
         self.gone_back_to = Some(psn);
     }
 
+    /// Whether a NAK or implied NAK for `psn` only repeats news a go-back already acted on.
+    fn is_echo(&self, psn: Psn) -> bool {
+        self.gone_back_to == Some(psn) || self.recover.is_some_and(|r| psn.is_before(r))
+    }
+
     /// Retries from `psn` after a sequence-error NAK, an implied NAK or a timeout. Returns
     /// `true` when the retry budget is spent (the request failed, the QP must go to ERR).
     fn retry(&mut self, counters: &mut Counters, psn: Psn) -> bool {
-        if self.gone_back_to == Some(psn) || self.recover.is_some_and(|r| psn.is_before(r)) {
+        if self.is_echo(psn) {
             return false;
         }
         if self.retry_left == 0 {
@@ -331,7 +336,9 @@ impl Requester {
             self.progress(ctx.p, now);
         }
         if let Some(psn) = implied_nak {
-            ctx.counters.implied_nak_seq_err += 1;
+            if !self.is_echo(psn) {
+                ctx.counters.implied_nak_seq_err += 1;
+            }
             if self.retry(ctx.counters, psn) {
                 ctx.fatal = true;
             }
@@ -491,7 +498,9 @@ impl Requester {
         if psn != expected {
             if psn.is_after(expected) {
                 // A gap: the responses before this one were lost. Rewind to the first missing.
-                ctx.counters.implied_nak_seq_err += 1;
+                if !self.is_echo(expected) {
+                    ctx.counters.implied_nak_seq_err += 1;
+                }
                 if self.retry(ctx.counters, expected) {
                     ctx.fatal = true;
                 }

@@ -57,11 +57,15 @@ enum Response {
         len: u64,
         offset: u64,
         msn: u32,
+        /// An answer to a duplicate request (it holds no new responder resource).
+        replay: bool,
     },
     Atomic {
         psn: Psn,
         original: u64,
         msn: u32,
+        /// An answer to a duplicate request (it holds no new responder resource).
+        replay: bool,
     },
 }
 
@@ -262,10 +266,19 @@ impl Responder {
         self.resources.push_back(r);
     }
 
+    /// READ/atomic requests accepted whose answers are not sent yet: what `max_dest_rd_atomic`
+    /// bounds. Answers to duplicates do not count — they hold no new resource, and at most one
+    /// per remembered resource is queued — or a retry racing with its network copy would make
+    /// a legitimate request look like one too many.
     fn pending_rd_atomic(&self) -> usize {
         self.out
             .iter()
-            .filter(|r| !matches!(r, Response::Ack { .. }))
+            .filter(|r| {
+                matches!(
+                    r,
+                    Response::Read { replay: false, .. } | Response::Atomic { replay: false, .. }
+                )
+            })
             .count()
     }
 
@@ -367,6 +380,7 @@ impl Responder {
                     len: dup_len,
                     offset: 0,
                     msn: self.msn,
+                    replay: true,
                 };
                 // If the earlier answer to this READ is still being sent, restart it from here
                 // instead of queueing a second one behind it: the requester has everything
@@ -384,7 +398,14 @@ impl Responder {
                     _ => false,
                 });
                 match under_way {
-                    Some(r) => *r = again,
+                    // Keeps the slot's kind: a restarted fresh answer still holds its resource.
+                    Some(r) => {
+                        let fresh = matches!(*r, Response::Read { replay: false, .. });
+                        *r = again;
+                        if let Response::Read { replay, .. } = r {
+                            *replay = !fresh;
+                        }
+                    }
                     None => self.out.push_back(again),
                 }
             }
@@ -395,11 +416,18 @@ impl Responder {
                 Resource::Atomic { psn: p, original } if p == psn => Some(original),
                 _ => None,
             });
-            if let Some(original) = found {
+            // One answer queued per request: a duplicate of a duplicate (the network copied
+            // the retry) adds nothing.
+            let queued = self
+                .out
+                .iter()
+                .any(|r| matches!(*r, Response::Atomic { psn: p, .. } if p == psn));
+            if let (Some(original), false) = (found, queued) {
                 self.out.push_back(Response::Atomic {
                     psn,
                     original,
                     msn: self.msn,
+                    replay: true,
                 });
             }
             return;
@@ -675,6 +703,7 @@ impl Responder {
             len,
             offset: 0,
             msn: self.msn,
+            replay: false,
         });
         self.epsn = psn.add(npsn);
         Verdict::Ok
@@ -713,6 +742,7 @@ impl Responder {
             psn,
             original,
             msn: self.msn,
+            replay: false,
         });
         self.epsn = psn.next();
         Verdict::Ok
@@ -751,7 +781,9 @@ impl Responder {
                 )
                 .map(|(_, n)| n)
             }
-            Response::Atomic { psn, original, msn } => {
+            Response::Atomic {
+                psn, original, msn, ..
+            } => {
                 self.out.pop_front();
                 let ext = ExtHeaders {
                     aeth: Some(AethRepr {
@@ -780,6 +812,7 @@ impl Responder {
                 len,
                 offset,
                 msn,
+                ..
             } => {
                 let mtu = u64::from(p.mtu);
                 let plen = (len - offset).min(mtu);
