@@ -183,6 +183,10 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
         did = true;
         for i in 0..n {
             if let Some((bytes, from, seg)) = st.rx.get(i) {
+                if bytes.is_empty() {
+                    // An empty datagram: `chunks` would yield nothing, leaving it uncounted.
+                    deliver(shared, now, bytes, from);
+                }
                 // GRO hands several same-size datagrams over as one message.
                 for datagram in bytes.chunks(seg.max(1)) {
                     deliver(shared, now, datagram, from);
