@@ -220,9 +220,8 @@ impl World {
         }
     }
 
-    /// Bytes that changed since the last check, as `(region position, offset)`, after
-    /// panicking on any change that no grant explains. Then the current contents become the
-    /// reference for the next check.
+    /// Panics on any byte changed since the last check that no grant explains; returns how
+    /// many bytes changed. The current contents become the reference for the next check.
     pub fn check(&mut self, what: &str) -> usize {
         let mut changed = 0;
         for (i, r) in self.regions.iter().enumerate() {
@@ -248,6 +247,14 @@ impl World {
             self.prev[i].copy_from_slice(now);
         }
         changed
+    }
+
+    /// Takes the current contents as the reference, after the driver's own writes (as the
+    /// application's CPU would make them).
+    pub fn accept(&mut self) {
+        for (i, r) in self.regions.iter().enumerate() {
+            self.prev[i].copy_from_slice(&self.mem.region(r.index).bytes);
+        }
     }
 
     /// A copy of every region's bytes (for "this step changed nothing" checks).
@@ -298,7 +305,10 @@ pub struct Audited<'a> {
 
 impl Audited<'_> {
     fn pd_ok(&self, pd: u32) {
-        assert_eq!(pd, self.pd, "memory reached through another protection domain");
+        assert_eq!(
+            pd, self.pd,
+            "memory reached through another protection domain"
+        );
     }
 }
 
@@ -336,7 +346,10 @@ impl Memory for Audited<'_> {
             KeyKind::Remote => Access::REMOTE_WRITE,
             KeyKind::Local => Access::LOCAL_WRITE,
         };
-        assert!(need.contains(right), "{kind:?} write asked without {right:?}");
+        assert!(
+            need.contains(right),
+            "{kind:?} write asked without {right:?}"
+        );
         self.mem.write(pd, kind, key, addr, data, need)
     }
 
