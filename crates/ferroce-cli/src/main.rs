@@ -4,6 +4,7 @@
 //! crates and prints. Errors are one line on stderr and a non-zero exit, never a backtrace.
 #![warn(missing_docs)]
 
+mod chaos;
 mod decode;
 mod demo;
 mod devices;
@@ -35,6 +36,9 @@ enum Command {
     Pingpong(perf::PingpongArgs),
     /// List devices and their GID tables, like ibv_devinfo.
     Devices,
+    /// A fault-injecting relay between two ferroce peers (loss, reordering, duplication,
+    /// corruption, delay, blackholes).
+    Chaos(chaos::ChaosArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => perf::pingpong(&args),
         Command::Devices => devices::run(),
+        Command::Chaos(args) => chaos::run(&args),
     };
     finish(result)
 }

@@ -39,6 +39,8 @@ use core::time::Duration;
 
 /// Most PSNs that may be sent and not yet acknowledged.
 pub const MAX_UNACKED_PSNS: u32 = 1024;
+/// Smallest send window a loss can shrink it to.
+pub const MIN_LOSS_WINDOW: u32 = 16;
 /// An ACK is requested at least every this many packets within a long message.
 pub const ACK_REQ_INTERVAL: u32 = 32;
 
@@ -125,14 +127,16 @@ pub(crate) struct Requester {
     /// PSN of the last go-back, until progress is made: a second trigger for the same gap is
     /// ignored, so one loss costs one retransmission pass, not one per later packet.
     gone_back_to: Option<Psn>,
-    /// One past the highest PSN sent when the last go-back happened, until `una` reaches it.
-    /// Everything before it is being sent again, so a NAK or an out-of-order response for a PSN
-    /// before it is a late echo of the old pass (reordered, or triggered by a packet that was
-    /// already in flight), not news of a fresh loss: acting on each would restart the stream
-    /// once per late packet and, for READ, make the responder resend the rest of the message
-    /// every time. A loss inside the recovery pass itself is left to the ACK timer, as TCP's
-    /// NewReno leaves a loss after its `recover` point.
-    recover: Option<Psn>,
+    /// The send window after losses (0: the full [`MAX_UNACKED_PSNS`]). Go-back-N resends
+    /// everything after a loss, so on a lossy or slow path a full window of a thousand packets
+    /// per loss is mostly waste, and resent windows queue up behind each other until ACKs come
+    /// later than the ACK timeout — congestion collapse. Each go-back halves the window (down to
+    /// [`MIN_LOSS_WINDOW`]); acknowledged PSNs grow it back by as many (doubling per round
+    /// trip), so a clean path returns to the full window within a few round trips. RoCE NICs
+    /// rely on a lossless fabric and DCQCN instead; over plain UDP, loss is the only signal.
+    loss_window: u32,
+    /// `una` when the window last changed (growth counts PSNs acknowledged since).
+    window_una: Psn,
 }
 
 impl Requester {
@@ -225,17 +229,6 @@ impl Requester {
     /// Rewinds transmission to `psn`: the request holding it resends from there (a READ or
     /// atomic from its first unanswered PSN), every later started request from its start.
     fn go_back(&mut self, psn: Psn) {
-        let high = self
-            .sq
-            .iter()
-            .filter(|w| w.started && w.sent > 0)
-            .map(|w| w.first_psn.add(w.sent))
-            .last();
-        if let Some(h) = high {
-            if !matches!(self.recover, Some(r) if !h.is_after(r)) {
-                self.recover = Some(h);
-            }
-        }
         let mut first = None;
         for (i, w) in self.sq.iter_mut().enumerate() {
             if w.result.is_some() || !w.started {
@@ -259,7 +252,7 @@ impl Requester {
 
     /// Whether a NAK or implied NAK for `psn` only repeats news a go-back already acted on.
     fn is_echo(&self, psn: Psn) -> bool {
-        self.gone_back_to == Some(psn) || self.recover.is_some_and(|r| psn.is_before(r))
+        self.gone_back_to == Some(psn)
     }
 
     /// Retries from `psn` after a sequence-error NAK, an implied NAK or a timeout. Returns
@@ -268,6 +261,8 @@ impl Requester {
         if self.is_echo(psn) {
             return false;
         }
+        self.loss_window = (self.window() / 2).max(MIN_LOSS_WINDOW);
+        self.window_una = self.una;
         if self.retry_left == 0 {
             counters.retry_exceeded_err += 1;
             self.fail_at(psn, WcStatus::TransportRetryExceeded);
@@ -278,13 +273,24 @@ impl Requester {
         false
     }
 
+    /// PSNs that may be outstanding now.
+    fn window(&self) -> u32 {
+        if self.loss_window == 0 {
+            MAX_UNACKED_PSNS
+        } else {
+            self.loss_window
+        }
+    }
+
     fn progress(&mut self, p: &Params, now: Instant) {
+        if self.loss_window != 0 {
+            let grown = self.loss_window + self.una.distance_from(self.window_una);
+            self.loss_window = if grown >= MAX_UNACKED_PSNS { 0 } else { grown };
+        }
+        self.window_una = self.una;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
         self.gone_back_to = None;
-        if self.recover.is_some_and(|r| !self.una.is_before(r)) {
-            self.recover = None;
-        }
         if self.any_outstanding() {
             self.arm(p, now);
         } else {
@@ -385,8 +391,6 @@ impl Requester {
                             self.timer = None;
                             self.go_back(psn);
                             self.gone_back_to = None;
-                            // Nothing was lost: the responder dropped what followed on purpose.
-                            self.recover = None;
                         }
                     }
                 }
@@ -553,10 +557,8 @@ impl Requester {
             }
             counters.completer_retry_err += 1;
             let una = self.una;
-            // A timeout always rewinds, even to a PSN a NAK already rewound to or inside a
-            // recovery pass (whose own losses only the timer can find).
+            // A timeout always rewinds, even to a PSN a NAK already rewound to.
             self.gone_back_to = None;
-            self.recover = None;
             if self.retry(counters, una) {
                 return true;
             }
@@ -611,9 +613,8 @@ impl Requester {
                 } else {
                     packets_for(w.len, mtu)
                 };
-                if self.next_psn.distance_from(self.una) + npsn.min(MAX_UNACKED_PSNS)
-                    > MAX_UNACKED_PSNS
-                {
+                let window = self.window();
+                if self.next_psn.distance_from(self.una) + npsn.min(window) > window {
                     return None;
                 }
                 let next = self.next_psn;
@@ -625,7 +626,7 @@ impl Requester {
             }
             let w = &self.sq[i];
             let psn = w.first_psn.add(w.sent);
-            if psn.distance_from(self.una) >= MAX_UNACKED_PSNS {
+            if psn.distance_from(self.una) >= self.window() {
                 return None;
             }
             let res = self.build(ctx, i, buf);
@@ -650,7 +651,7 @@ impl Requester {
     fn build(&mut self, ctx: &mut Ctx<'_>, i: usize, buf: &mut [u8]) -> Result<usize, WcStatus> {
         let p = ctx.p;
         let mtu = u64::from(p.mtu);
-        let window_end = self.una.add(MAX_UNACKED_PSNS - 1);
+        let window_end = self.una.add(self.window() - 1);
         let w = &mut self.sq[i];
         let psn = w.first_psn.add(w.sent);
         let retransmit = w.sent < w.high_sent;

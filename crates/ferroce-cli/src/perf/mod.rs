@@ -132,6 +132,14 @@ pub struct PerfArgs {
     /// Seconds to wait for the peer at any step.
     #[arg(long, default_value_t = 10)]
     timeout: u64,
+    /// Local ACK timeout code of the QPs: 4.096 µs × 2^CODE (perftest's -u; default 14 = 67 ms).
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    qp_timeout: u8,
+    /// Put a chaos relay between client and server (with --loopback, or on the client side):
+    /// e.g. loss=0.05,reorder=0.05,duplicate=0.02,corrupt=0.01,delay_ms=1,seed=7 (see
+    /// 'ferroce chaos --help').
+    #[arg(long, value_name = "FAULTS")]
+    chaos: Option<String>,
     /// Print as ibv_rc_pingpong does (set by `ferroce pingpong`).
     #[arg(skip)]
     pingpong_style: bool,
@@ -185,6 +193,8 @@ pub fn pingpong(p: &PingpongArgs) -> Res<ExitCode> {
         roce_port: 0,
         tx_depth: 128,
         timeout: 10,
+        qp_timeout: 14,
+        chaos: None,
         pingpong_style: true,
     };
     run(&args)
@@ -234,20 +244,51 @@ pub fn run(args: &PerfArgs) -> Res<ExitCode> {
     if let Some(m) = args.mtu {
         ferroce::PathMtu::from_bytes(m).map_err(|e| e.to_string())?;
     }
+    let faults = args
+        .chaos
+        .as_deref()
+        .map(crate::chaos::parse_faults)
+        .transpose()?;
+    if faults.is_some() && !args.loopback && args.host.is_none() {
+        return Err("--chaos goes on the client side (with HOST) or with --loopback".into());
+    }
+    // The relay, when asked for, stands where the client connects and forwards to `server`.
+    let via_relay = |server: SocketAddr| -> Res<(SocketAddr, Option<ferroce_chaos::Relay>)> {
+        match &faults {
+            None => Ok((server, None)),
+            Some(f) => {
+                let relay = ferroce_chaos::Relay::start(
+                    SocketAddr::new(IpAddr::from([127, 0, 0, 1]), 0),
+                    server,
+                    f.clone(),
+                )
+                .map_err(e("starting the chaos relay"))?;
+                Ok((relay.cm_addr(), Some(relay)))
+            }
+        }
+    };
+    let report_relay = |relay: Option<ferroce_chaos::Relay>, t0: Instant| {
+        if let Some(r) = relay {
+            crate::chaos::print_stats(&r.stats(), t0.elapsed(), args.json);
+        }
+    };
+    let t0 = Instant::now();
     if args.loopback {
         if args.host.is_some() {
             return Err("--loopback runs both sides; give no HOST".into());
         }
         let bind = args.bind.unwrap_or(IpAddr::from([127, 0, 0, 1]));
         let listener = Listener::bind(SocketAddr::new(bind, 0)).map_err(|e| e.to_string())?;
-        let addr = listener.local_addr();
+        let (addr, relay) = via_relay(listener.local_addr())?;
         let server_args = args.clone();
         let server = std::thread::spawn(move || serve(&server_args, &listener));
         let client = client(args, addr);
+        // What the relay did explains a failure too: print it before any error.
+        report_relay(relay, t0);
+        let code = client?;
         let server = server
             .join()
             .map_err(|_| "the server thread panicked".to_string())?;
-        let code = client?;
         server?;
         return Ok(code);
     }
@@ -258,7 +299,10 @@ pub fn run(args: &PerfArgs) -> Res<ExitCode> {
                 .map_err(e(&format!("resolving {host}")))?
                 .next()
                 .ok_or_else(|| format!("{host} has no address"))?;
-            client(args, addr)
+            let (addr, relay) = via_relay(addr)?;
+            let code = client(args, addr);
+            report_relay(relay, t0);
+            code
         }
         None => {
             let bind = args.bind.unwrap_or(IpAddr::from([127, 0, 0, 1]));
@@ -430,6 +474,7 @@ fn setup(
     .map_err(|e| e.to_string())?;
     let copts = ConnectOptions {
         min_rnr_timer: 1,
+        timeout: args.qp_timeout,
         ..ConnectOptions::default()
     };
     for ((q, l), p) in qps.iter().zip(&local).zip(&conn.peers) {
