@@ -60,6 +60,9 @@ const STEP: Duration = Duration::from_secs(15);
 /// A peer process exits by itself after this long, whatever it is doing, so that nothing a
 /// scenario starts can outlive a hung orchestrator by much.
 const ROLE_LIMIT: Duration = Duration::from_secs(50);
+/// A peer with work outstanding that sees no completion for this long reports its state and
+/// fails, before the orchestrator's own wait (`STEP`) runs out and it is killed without a word.
+const STUCK: Duration = Duration::from_secs(10);
 /// Namespaces of this test are named `ferroce-netns-<pid>-<scenario>-<host>`.
 const NS_PREFIX: &str = "ferroce-netns-";
 
@@ -1407,6 +1410,17 @@ mod role {
             }
             let n = h.cq.poll(&mut wcs).ctx("polling")?;
             let now = t0.elapsed();
+            let quiet = now - times.last().copied().unwrap_or_default();
+            if posted > done / 2 && quiet > STUCK {
+                return Err(format!(
+                    "no completion for {} ms with {} pairs outstanding; QP {:?}, counters {:?}, context {:?}",
+                    ms(quiet),
+                    posted - done / 2,
+                    qp.state(),
+                    qp.counters(),
+                    h.ctx.counters()
+                ));
+            }
             for wc in &wcs[..n] {
                 let i = (done / 2) as u64;
                 let (id, op) = if done % 2 == 0 {
@@ -1671,6 +1685,7 @@ mod role {
         let deadline = t0 + Duration::from_secs(30);
         let (mut announced, mut killed): (bool, Option<(Instant, usize)>) = (false, None);
         let mut live_at_failure = None;
+        let mut last_wc = Instant::now();
         loop {
             for s in streams.iter_mut() {
                 s.fill(&mr)?;
@@ -1719,13 +1734,17 @@ mod role {
                     }
                 }
             }
-            if n == 0 {
-                // Give up (and say why) well before the orchestrator stops waiting.
-                let limit = killed.map_or(deadline, |(at, _)| at + budget + KILL_SLACK * 3);
-                if Instant::now() > limit {
-                    return Err(format!(
-                        "no end {} ms after the kill notice: killed {killed:?}, posted {:?}, completed {:?}, rounds {:?}, failures {:?}, QP states {:?}, counters {:?}",
+            if n > 0 {
+                last_wc = Instant::now();
+            }
+            // Give up (and say why) well before the orchestrator stops waiting; checked on
+            // every pass, as the live stream alone can keep the CQ busy forever.
+            let limit = killed.map_or(deadline, |(at, _)| at + budget + KILL_SLACK * 3);
+            if Instant::now() > limit || last_wc.elapsed() > STUCK {
+                return Err(format!(
+                        "no end ({} ms since the kill notice, {} ms since the last completion): killed {killed:?}, posted {:?}, completed {:?}, rounds {:?}, failures {:?}, QP states {:?}, counters {:?}",
                         killed.map_or(0.0, |(at, _)| at.elapsed().as_secs_f64() * 1e3),
+                        ms(last_wc.elapsed()),
                         streams.iter().map(|s| s.posted).collect::<Vec<_>>(),
                         streams.iter().map(|s| s.next).collect::<Vec<_>>(),
                         streams.iter().map(|s| s.rounds).collect::<Vec<_>>(),
@@ -1733,7 +1752,8 @@ mod role {
                         streams.iter().map(|s| s.qp.state()).collect::<Vec<_>>(),
                         streams.iter().map(|s| s.qp.counters()).collect::<Vec<_>>(),
                     ));
-                }
+            }
+            if n == 0 {
                 h.idle(Duration::from_millis(2))?;
             }
         }
@@ -1830,9 +1850,25 @@ mod role {
         let mut wcs = vec![ferroce::empty_wc(); 64];
         let deadline = Instant::now() + Duration::from_secs(30);
         let (mut announced, mut at_kill) = (false, None);
+        let mut last_wc = Instant::now();
         loop {
             streams[0].fill(&mr)?;
             let n = dispatch(&h.cq, &mut wcs, &mut streams, &mr)?;
+            if n > 0 {
+                last_wc = Instant::now();
+            } else if streams[0].outstanding() && last_wc.elapsed() > STUCK {
+                let s = &streams[0];
+                return Err(format!(
+                    "no completion for {} ms: posted {} rounds, completed {} of {} work requests; QP {:?}, counters {:?}, context {:?}",
+                    ms(last_wc.elapsed()),
+                    s.posted,
+                    s.next,
+                    2 * s.posted,
+                    s.qp.state(),
+                    s.qp.counters(),
+                    h.ctx.counters()
+                ));
+            }
             let s = &mut streams[0];
             if let Some(f) = &s.failure {
                 return Err(format!("the QP to the survivor failed: {f:?}"));
@@ -1851,10 +1887,10 @@ mod role {
             if s.stopping && !s.outstanding() {
                 break;
             }
+            if Instant::now() > deadline {
+                return Err(format!("no end after 30 s: {} rounds", s.rounds));
+            }
             if n == 0 {
-                if Instant::now() > deadline {
-                    return Err(format!("no end after 30 s: {} rounds", s.rounds));
-                }
                 h.idle(Duration::from_millis(2))?;
             }
         }
