@@ -389,9 +389,7 @@ impl Responder {
                 // queues yet another copy. (rxe likewise reuses the READ's resource.)
                 let mtu = u64::from(ctx.p.mtu);
                 let under_way = self.out.iter_mut().find(|r| match **r {
-                    Response::Read {
-                        first_psn, len, ..
-                    } => {
+                    Response::Read { first_psn, len, .. } => {
                         let npsn = len.div_ceil(mtu).max(1);
                         u64::from(psn.distance_from(first_psn)) < npsn
                     }

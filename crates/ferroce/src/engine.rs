@@ -168,12 +168,17 @@ impl ContextShared {
     }
 }
 
+/// Most receive batches one engine pass takes before it serves the QPs.
+const MAX_RECV_BATCHES_PER_PASS: usize = 16;
+
 /// One pass of the engine. Returns whether anything happened.
 pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
     let now = shared.now();
     let mut did = false;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
-    loop {
+    // A flood (or a hostile sender) must not keep a pass receiving forever: after this many
+    // batches the QPs get their turn (timers, sends, ACKs), and the next pass reads on.
+    for _batch in 0..MAX_RECV_BATCHES_PER_PASS {
         // A receive error on a UDP socket (an ICMP error from an earlier send) is not ours
         // to handle: the transport's retransmission covers whatever it cost.
         let n = st.rx.recv(fd).unwrap_or_default();
@@ -393,9 +398,16 @@ fn send_all(
         if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
             match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], peer) {
                 Ok(n) => sent += n,
-                Err(_) => {
-                    // No GSO here (or not for this socket): fall back for good.
-                    shared.gso.store(false, Ordering::Relaxed);
+                Err(e) => {
+                    // No GSO here (or not for this socket): fall back for good. A passing
+                    // condition (no route during a link flap, a full queue) is no reason to.
+                    let unsupported = matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    );
+                    if unsupported {
+                        shared.gso.store(false, Ordering::Relaxed);
+                    }
                     sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], peer)?;
                 }
             }

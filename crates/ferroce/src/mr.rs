@@ -43,8 +43,10 @@ pub(crate) struct MrInner {
     backing: Backing,
     pub(crate) access: Access,
     pub(crate) pd: u32,
-    /// Serialises every access to the bytes (see the module doc).
-    lock: RwLock<()>,
+    /// Serialises every access to the bytes (see the module doc). Holds `true` once the region
+    /// is deregistered: an access that looked the key up just before deregistration and takes
+    /// the lock just after finds it revoked and touches nothing.
+    lock: RwLock<bool>,
 }
 
 // SAFETY: the region's bytes are only touched while holding `lock` (readers share it, writers
@@ -95,7 +97,7 @@ impl MrInner {
             backing: Backing::Mapped,
             access,
             pd,
-            lock: RwLock::new(()),
+            lock: RwLock::new(false),
         })
     }
 
@@ -115,7 +117,7 @@ impl MrInner {
             backing: Backing::Borrowed,
             access,
             pd,
-            lock: RwLock::new(()),
+            lock: RwLock::new(false),
         }
     }
 
@@ -138,9 +140,23 @@ impl MrInner {
         }
     }
 
+    /// Deregistration: waits for the accesses under way (they hold the lock), then makes every
+    /// later one fail. After it returns, the bytes are never touched again — what
+    /// `register_raw`'s contract promises the caller, whose memory may be freed next.
+    pub(crate) fn revoke(&self) {
+        *self.lock.write().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    fn revoked(&self) -> Error {
+        Error::InvalidArgument("the memory region is deregistered".into())
+    }
+
     pub(crate) fn copy_out(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check(offset, out.len())?;
-        let _g = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let g = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return Err(self.revoked());
+        }
         // SAFETY: the range was checked to lie in the region, the lock excludes writers, and
         // `out` is a distinct live buffer.
         unsafe {
@@ -155,7 +171,10 @@ impl MrInner {
 
     pub(crate) fn copy_in(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
-        let _g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return Err(self.revoked());
+        }
         // SAFETY: the range was checked, the write lock excludes every other access, and
         // `data` is a distinct live buffer.
         unsafe {
@@ -166,7 +185,10 @@ impl MrInner {
 
     pub(crate) fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.check(offset, len)?;
-        let _g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return Err(self.revoked());
+        }
         // SAFETY: checked range, exclusive lock.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
         Ok(())
@@ -174,7 +196,10 @@ impl MrInner {
 
     pub(crate) fn atomic(&self, offset: usize, op: AtomicOp) -> Result<u64> {
         self.check(offset, 8)?;
-        let _g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return Err(self.revoked());
+        }
         // SAFETY: checked range, exclusive lock; unaligned reads/writes are used, so alignment
         // is not assumed (the transport already refuses misaligned atomics).
         let old = unsafe { std::ptr::read_unaligned(self.ptr.as_ptr().add(offset).cast::<u64>()) };
@@ -454,5 +479,6 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         self.ctx.shared.mrs.remove(self.key);
+        self.inner.revoke();
     }
 }

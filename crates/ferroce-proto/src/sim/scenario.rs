@@ -689,23 +689,5 @@ fn check(
 
 /// Adds `b` into `a`.
 pub fn add_counters(a: &mut Counters, b: &Counters) {
-    a.sent_pkts += b.sent_pkts;
-    a.rcvd_pkts += b.rcvd_pkts;
-    a.sent_bytes += b.sent_bytes;
-    a.rcvd_bytes += b.rcvd_bytes;
-    a.retransmits += b.retransmits;
-    a.duplicate_request += b.duplicate_request;
-    a.out_of_seq_request += b.out_of_seq_request;
-    a.send_seq_nak += b.send_seq_nak;
-    a.rcvd_seq_err += b.rcvd_seq_err;
-    a.send_rnr_err += b.send_rnr_err;
-    a.rcvd_rnr_err += b.rcvd_rnr_err;
-    a.completer_retry_err += b.completer_retry_err;
-    a.retry_exceeded_err += b.retry_exceeded_err;
-    a.retry_rnr_exceeded_err += b.retry_rnr_exceeded_err;
-    a.rkey_violations += b.rkey_violations;
-    a.send_invalid_request += b.send_invalid_request;
-    a.duplicate_response += b.duplicate_response;
-    a.dropped_bad_state += b.dropped_bad_state;
-    a.acks_sent += b.acks_sent;
+    a.add(b);
 }
