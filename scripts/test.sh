@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole ferroce test suite, from a fresh Debian machine with only the Rust toolchain.
-# Installs what the tests need (tshark, as an independent decoder to compare against), then runs
-# formatting, lint and every test of the workspace.
+# Installs what the tests need (tshark, as an independent decoder to compare against; iproute2 for
+# the network-namespace tests; cargo-fuzz, by scripts/fuzz.sh), then runs formatting, lint, every
+# test of the workspace, and every fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
 command -v tshark >/dev/null 2>&1 || need_pkgs+=(tshark)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -24,3 +26,5 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+echo "== fuzz (bounded)"
+./scripts/fuzz.sh "${FERROCE_FUZZ_SECONDS:-20}"
