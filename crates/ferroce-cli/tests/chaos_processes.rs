@@ -91,6 +91,10 @@ impl Drop for Relay {
 /// Runs one test through a relay; `Err` only for the one failure IBTA allows on a lossy path:
 /// the retry budget spent ("transport retry counter exceeded").
 fn run_through_relay(test: &str, faults: &str, extra: &[&str]) -> Result<(), String> {
+    // One three-process case at a time: on two cores, several at once starve the relay and the
+    // engines for longer than an ACK timeout and measure the machine, not the transport.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let server_port = free_port();
     let server = ferroce()
         .args(["perf", test, "--port", &server_port.to_string()])
@@ -147,6 +151,23 @@ const IN_FLIGHT: &[&str] = &[
     "--json",
 ];
 
+/// One case through the relay, rerun with the next seed (at most 3 runs) when the retry budget
+/// ran out and `budget_may_run_out` says that is a legitimate outcome at this loss rate.
+fn run_case(faults: &str, budget_may_run_out: bool, test: &str, args: &[&str]) {
+    let mut tries = 0;
+    loop {
+        let spec = format!("{faults},seed={}", 1000 + tries);
+        match run_through_relay(test, &spec, args) {
+            Ok(()) => return,
+            Err(e) if budget_may_run_out && tries < 2 => {
+                eprintln!("retry budget spent (allowed at this loss rate), again: {e}");
+                tries += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// Every operation kind through `faults`: WRITE and SEND up to `big`, READ up to `read_big`,
 /// latency tests, and FETCH_ADDs. With `budget_may_run_out`, a run that ends in "transport
 /// retry counter exceeded" is run again with another seed (at most 3 times in all): at 20% loss
@@ -154,20 +175,7 @@ const IN_FLIGHT: &[&str] = &[
 /// (retry_cnt 7) all fail with probability 0.36^8 ≈ 3·10⁻⁴ per stalled operation — a correct
 /// outcome, but not one a test should flake on.
 fn all_operations(faults: &str, big: &str, read_big: &str, budget_may_run_out: bool) {
-    let run = |test: &str, args: &[&str]| {
-        let mut tries = 0;
-        loop {
-            let spec = format!("{faults},seed={}", 1000 + tries);
-            match run_through_relay(test, &spec, args) {
-                Ok(()) => return,
-                Err(e) if budget_may_run_out && tries < 2 => {
-                    eprintln!("retry budget spent (allowed at this loss rate), again: {e}");
-                    tries += 1;
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    };
+    let run = |test: &str, args: &[&str]| run_case(faults, budget_may_run_out, test, args);
     for test in ["write_bw", "read_bw", "send_bw"] {
         let top = if test == "read_bw" { read_big } else { big };
         for size in ["0", "4097", top] {
@@ -193,11 +201,11 @@ fn all_operations(faults: &str, big: &str, read_big: &str, budget_may_run_out: b
 }
 
 #[test]
-fn one_percent_loss_every_operation_up_to_16_mib() {
+fn one_percent_loss_every_operation_writes_and_sends_up_to_16_mib() {
     all_operations(
         "loss=0.01,reorder=0.01,duplicate=0.01,corrupt=0.005",
         "16777216",
-        "16777216",
+        "4194304",
         false,
     );
 }
@@ -213,13 +221,18 @@ fn five_percent_loss_every_operation_writes_and_sends_up_to_16_mib() {
 }
 
 #[test]
-fn twenty_percent_loss_every_operation() {
-    all_operations(
-        "loss=0.2,reorder=0.05,duplicate=0.05,corrupt=0.01",
-        "1048576",
-        "262144",
-        true,
-    );
+fn twenty_percent_loss_every_operation_writes_and_sends_up_to_16_mib() {
+    let faults = "loss=0.2,reorder=0.05,duplicate=0.05,corrupt=0.01";
+    all_operations(faults, "1048576", "262144", true);
+    // One 16 MiB message each way of writing: 4096 packets, each lost one time in five.
+    for test in ["write_bw", "send_bw"] {
+        let args = [
+            &["--size", "16777216", "--iters", "1", "--tx-depth", "1"][..],
+            IN_FLIGHT,
+        ]
+        .concat();
+        run_case(faults, true, test, &args);
+    }
 }
 
 #[test]
