@@ -6,7 +6,7 @@
 
 use ferroce_wire::decode::decode_frame;
 use ferroce_wire::frame::UdpFrameHeaders;
-use ferroce_wire::{icrc, frame, PacketRepr, RocePacket};
+use ferroce_wire::{frame, icrc, PacketRepr, RocePacket};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +18,10 @@ fuzz_target!(|data: &[u8]| {
         let repr = PacketRepr::parse(&view).expect("a checked packet parses");
         // What parses re-emits to the same bytes, but for reserved bits, which emit clears.
         let mut out = vec![0u8; repr.buffer_len().expect("known opcode")];
-        assert_eq!(repr.emit(&mut out).expect("a parsed packet emits"), data.len());
+        assert_eq!(
+            repr.emit(&mut out).expect("a parsed packet emits"),
+            data.len()
+        );
         let h = UdpFrameHeaders::roce("10.0.0.1".parse().unwrap(), 1, "10.0.0.2".parse().unwrap());
         let ip_udp = h.ip_udp_headers(data.len()).unwrap();
         let _ = icrc::compute(ip_udp.ip(), ip_udp.udp(), view.covered());
