@@ -52,6 +52,9 @@ struct SendWqe {
     first_psn: Psn,
     /// PSNs the request occupies.
     npsn: u32,
+    /// Path MTU when the request started: it is cut at the MTU its PSNs were counted for, so
+    /// a later `set_path_mtu` changes new requests only.
+    mtu: u32,
     /// PSNs covered by what was transmitted in the current pass (for READ: by the request).
     sent: u32,
     /// Highest `sent` ever, to tell retransmissions from first transmissions.
@@ -163,6 +166,7 @@ impl Requester {
             started: false,
             first_psn: Psn::new(0),
             npsn: 0,
+            mtu: 0,
             sent: 0,
             high_sent: 0,
             acked: 0,
@@ -485,7 +489,6 @@ impl Requester {
         if !self.ack_before(ctx, now, psn) {
             return;
         }
-        let mtu = u64::from(ctx.p.mtu);
         let Some(w) = self
             .sq
             .iter_mut()
@@ -494,6 +497,7 @@ impl Requester {
             ctx.counters.duplicate_response += 1;
             return;
         };
+        let mtu = u64::from(w.mtu);
         if w.wr.op != SendOp::Read {
             ctx.counters.duplicate_response += 1;
             return;
@@ -622,6 +626,7 @@ impl Requester {
                 w.started = true;
                 w.first_psn = next;
                 w.npsn = npsn;
+                w.mtu = mtu;
                 self.next_psn = next.add(npsn);
             }
             let w = &self.sq[i];
@@ -650,9 +655,9 @@ impl Requester {
     /// Builds the packet at `sent` of request `i` and advances it.
     fn build(&mut self, ctx: &mut Ctx<'_>, i: usize, buf: &mut [u8]) -> Result<usize, WcStatus> {
         let p = ctx.p;
-        let mtu = u64::from(p.mtu);
         let window_end = self.una.add(self.window() - 1);
         let w = &mut self.sq[i];
+        let mtu = u64::from(w.mtu);
         let psn = w.first_psn.add(w.sent);
         let retransmit = w.sent < w.high_sent;
         let overflow = WcStatus::LocalLengthError;

@@ -26,18 +26,21 @@ use crate::memory::{Access, AtomicOp, KeyKind, MemoryError, Sge};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
 use crate::wr::RecvWr;
 
-/// A message being received over several packets.
+/// A message being received over several packets, with the path MTU of its first packet: the
+/// rest is held to that MTU, as the peer cut it (`set_path_mtu` changes new messages only).
 #[derive(Debug)]
 enum Inbound {
     Send {
         recv: RecvWr,
         offset: u64,
+        mtu: u64,
     },
     Write {
         va: u64,
         rkey: u32,
         dma_len: u64,
         offset: u64,
+        mtu: u64,
     },
 }
 
@@ -59,6 +62,8 @@ enum Response {
         msn: u32,
         /// An answer to a duplicate request (it holds no new responder resource).
         replay: bool,
+        /// Path MTU it is cut at: the one the READ was accepted under, which counted its PSNs.
+        mtu: u64,
     },
     Atomic {
         psn: Psn,
@@ -78,6 +83,7 @@ enum Resource {
         rkey: u32,
         va: u64,
         len: u64,
+        mtu: u64,
     },
     Atomic {
         psn: Psn,
@@ -350,27 +356,29 @@ impl Responder {
             // else too). A larger duplicate would answer with PSNs that belong to later
             // requests and read bytes no accepted request asked for.
             let dup_len = u64::from(reth.dma_len);
-            let dup_npsn = dup_len.div_ceil(u64::from(ctx.p.mtu)).max(1);
-            let found = self.resources.iter().any(|r| match *r {
+            let found = self.resources.iter().find_map(|r| match *r {
                 Resource::Read {
                     first_psn,
                     npsn,
                     rkey,
                     va,
                     len,
+                    mtu,
                 } => {
                     let k = psn.distance_from(first_psn);
-                    k < npsn
+                    let dup_npsn = dup_len.div_ceil(mtu).max(1);
+                    let inside = k < npsn
                         && rkey == reth.rkey
                         && reth.va >= va
                         && reth.va.checked_add(dup_len).is_some_and(|end| {
                             va.checked_add(len).is_some_and(|orig_end| end <= orig_end)
                         })
-                        && u64::from(k) + dup_npsn <= u64::from(npsn)
+                        && u64::from(k) + dup_npsn <= u64::from(npsn);
+                    inside.then_some(mtu)
                 }
-                Resource::Atomic { .. } => false,
+                Resource::Atomic { .. } => None,
             });
-            if found {
+            if let Some(mtu) = found {
                 // Executed again from the PSN asked for; the RETH says where that part starts.
                 let again = Response::Read {
                     next_psn: psn,
@@ -381,15 +389,20 @@ impl Responder {
                     offset: 0,
                     msn: self.msn,
                     replay: true,
+                    mtu,
                 };
                 // If the earlier answer to this READ is still being sent, restart it from here
                 // instead of queueing a second one behind it: the requester has everything
                 // before `psn` and would throw the rest of the old answer away, and waiting for
                 // it to drain first can outlast the requester's ACK timer — which retries, and
                 // queues yet another copy. (rxe likewise reuses the READ's resource.)
-                let mtu = u64::from(ctx.p.mtu);
                 let under_way = self.out.iter_mut().find(|r| match **r {
-                    Response::Read { first_psn, len, .. } => {
+                    Response::Read {
+                        first_psn,
+                        len,
+                        mtu,
+                        ..
+                    } => {
                         let npsn = len.div_ceil(mtu).max(1);
                         u64::from(psn.distance_from(first_psn)) < npsn
                     }
@@ -445,12 +458,15 @@ impl Responder {
         cq: &mut CompletionQueue,
     ) -> Verdict {
         let p = ctx.p;
-        let mtu = u64::from(p.mtu);
         let psn = repr.bth.psn;
         let plen = payload.len() as u64;
         let invalid = Verdict::Fatal(NakCode::InvalidRequest, None);
         // Opcode sequence: a message under way takes only its MIDDLE and LAST packets.
         let continues = matches!(position, Position::Middle | Position::Last);
+        let mtu = match &self.inbound {
+            Some(Inbound::Send { mtu, .. } | Inbound::Write { mtu, .. }) if continues => *mtu,
+            _ => u64::from(p.mtu),
+        };
         match (&self.inbound, operation, continues) {
             (Some(Inbound::Send { .. }), Operation::Send, true) => {}
             (Some(Inbound::Write { .. }), Operation::RdmaWrite, true) => {}
@@ -517,9 +533,13 @@ impl Responder {
             let Some(recv) = self.rq.pop_front() else {
                 return Verdict::Rnr;
             };
-            self.inbound = Some(Inbound::Send { recv, offset: 0 });
+            self.inbound = Some(Inbound::Send {
+                recv,
+                offset: 0,
+                mtu: u64::from(p.mtu),
+            });
         }
-        let Some(Inbound::Send { recv, offset }) = self.inbound.as_mut() else {
+        let Some(Inbound::Send { recv, offset, .. }) = self.inbound.as_mut() else {
             return Verdict::Fatal(NakCode::InvalidRequest, None);
         };
         let end = *offset + payload.len() as u64;
@@ -554,7 +574,7 @@ impl Responder {
         }
         *offset = end;
         if position.ends_message() {
-            let Some(Inbound::Send { recv, offset }) = self.inbound.take() else {
+            let Some(Inbound::Send { recv, offset, .. }) = self.inbound.take() else {
                 return Verdict::Fatal(NakCode::RemoteOperationalError, None);
             };
             let mut wc = recv_completion(p, recv.wr_id, WcStatus::Success, WcOpcode::Recv);
@@ -611,6 +631,7 @@ impl Responder {
                 rkey: reth.rkey,
                 dma_len,
                 offset: 0,
+                mtu,
             });
         }
         let Some(Inbound::Write {
@@ -618,6 +639,7 @@ impl Responder {
             rkey,
             dma_len,
             offset,
+            ..
         }) = self.inbound.as_mut()
         else {
             return Verdict::Fatal(NakCode::InvalidRequest, None);
@@ -692,6 +714,7 @@ impl Responder {
             rkey: reth.rkey,
             va: reth.va,
             len,
+            mtu: u64::from(p.mtu),
         });
         self.out.push_back(Response::Read {
             next_psn: psn,
@@ -702,6 +725,7 @@ impl Responder {
             offset: 0,
             msn: self.msn,
             replay: false,
+            mtu: u64::from(p.mtu),
         });
         self.epsn = psn.add(npsn);
         Verdict::Ok
@@ -810,9 +834,9 @@ impl Responder {
                 len,
                 offset,
                 msn,
+                mtu,
                 ..
             } => {
-                let mtu = u64::from(p.mtu);
                 let plen = (len - offset).min(mtu);
                 let first = next_psn == first_psn;
                 let last = offset + plen == len;
