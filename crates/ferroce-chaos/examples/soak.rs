@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use ferroce::cm::{self, EndpointInfo, Listener, RemoteRegion};
 use ferroce::{
-    device_by_name, Access, ConnectOptions, ContextOptions, Psn, QpCaps, QpInitAttr, RecvWr,
-    SendOp, SendWr, WcStatus,
+    device_by_name, Access, CompletionQueue, ConnectOptions, Context, ContextOptions, Device,
+    MemoryRegion, ProtectionDomain, Psn, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr,
+    WcStatus,
 };
 use ferroce_chaos::{Faults, Relay};
 use ferroce_proto::sim::Rng;
@@ -44,6 +45,52 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// One side's resources: a context, a CQ, `nq` RC QPs on it and a region of two slots per QP.
+struct Side {
+    ctx: Context,
+    _pd: ProtectionDomain,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    qps: Vec<QueuePair>,
+}
+
+impl Side {
+    fn open(dev: &Device, nq: usize) -> Side {
+        let ctx = dev
+            .open(&ContextOptions {
+                capture: None,
+                ..ContextOptions::with_port(0)
+            })
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(nq * 8, None).unwrap();
+        let mr = pd.alloc_mr(nq * SLOT * 2, Access::ALL).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            ..QpCaps::default()
+        };
+        let qps = (0..nq)
+            .map(|_| {
+                pd.create_qp(&QpInitAttr {
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    caps,
+                    srq: None,
+                })
+                .unwrap()
+            })
+            .collect();
+        Side {
+            ctx,
+            _pd: pd,
+            cq,
+            mr,
+            qps,
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seconds: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(180);
@@ -66,45 +113,23 @@ fn main() {
     )
     .unwrap();
     let dev = device_by_name("lo").unwrap();
-    let copts = ContextOptions {
-        capture: None,
-        ..ContextOptions::with_port(0)
-    };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
 
     // The server: a region for WRITE/READ/atomics, and receives for the SENDs (checked here).
     let server_stop = stop.clone();
     let server = thread::spawn(move || {
-        let ctx = dev
-            .open(&ContextOptions {
-                capture: None,
-                ..ContextOptions::with_port(0)
-            })
-            .unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(nq * 8, None).unwrap();
-        let mr = pd.alloc_mr(nq * SLOT * 2, Access::ALL).unwrap();
+        let Side {
+            ctx,
+            _pd,
+            cq,
+            mr,
+            qps,
+        } = Side::open(&dev, nq);
         let region = RemoteRegion {
             addr: mr.addr(),
             rkey: mr.rkey(),
             len: mr.len() as u64,
         };
-        let caps = QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            ..QpCaps::default()
-        };
-        let qps: Vec<_> = (0..nq)
-            .map(|_| {
-                pd.create_qp(&QpInitAttr {
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    caps,
-                    srq: None,
-                })
-                .unwrap()
-            })
-            .collect();
         let local: Vec<EndpointInfo> = qps
             .iter()
             .map(|q| q.endpoint_info(Psn::new(q.qpn() * 7), Some(region)))
@@ -148,26 +173,13 @@ fn main() {
         )
     });
 
-    let ctx = device_by_name("lo").unwrap().open(&copts).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(nq * 8, None).unwrap();
-    let mr = pd.alloc_mr(nq * SLOT * 2, Access::ALL).unwrap();
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        ..QpCaps::default()
-    };
-    let qps: Vec<_> = (0..nq)
-        .map(|_| {
-            pd.create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                caps,
-                srq: None,
-            })
-            .unwrap()
-        })
-        .collect();
+    let Side {
+        ctx: _ctx,
+        _pd,
+        cq,
+        mr,
+        qps,
+    } = Side::open(&device_by_name("lo").unwrap(), nq);
     let local: Vec<EndpointInfo> = qps
         .iter()
         .map(|q| q.endpoint_info(Psn::new(q.qpn() * 13), None))

@@ -3,14 +3,14 @@
 //! reordering and duplication), where the responder handles a whole batch of received packets
 //! before it transmits.
 
+use ferroce_proto::sim::ack_packet;
 use ferroce_proto::sim::pair::default_rts;
 use ferroce_proto::{
     Access, InitAttr, Instant, PathMtu, QpCaps, QpState, QueuePair, RtrAttr, RtsAttr, SendOp,
     SendWr, Sge, VecMemory, WcStatus,
 };
-use ferroce_wire::aeth::{AethRepr, NakCode, Syndrome};
-use ferroce_wire::bth::BthRepr;
-use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn, RocePacket};
+use ferroce_wire::aeth::{NakCode, Syndrome};
+use ferroce_wire::{Psn, RocePacket};
 
 const A_QPN: u32 = 0x11;
 const B_QPN: u32 = 0x22;
@@ -59,29 +59,11 @@ fn psn_of(p: &[u8]) -> u32 {
 }
 
 fn nak(psn: u32) -> Vec<u8> {
-    let bth = BthRepr {
-        opcode: Opcode::RC_ACKNOWLEDGE,
-        solicited: false,
-        migreq: false,
-        pad_count: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn: A_QPN,
-        ack_req: false,
-        psn: Psn::new(psn),
-    };
-    let ext = ExtHeaders {
-        aeth: Some(AethRepr {
-            syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
-            msn: 0,
-        }),
-        ..Default::default()
-    };
-    let repr = PacketRepr::new(bth, ext, 0);
-    let mut buf = vec![0u8; repr.buffer_len().unwrap()];
-    repr.emit(&mut buf).unwrap();
-    buf
+    ack_packet(
+        A_QPN,
+        Psn::new(psn),
+        Syndrome::Nak(NakCode::PsnSequenceError),
+    )
 }
 
 /// The responder had executed 11 of 16 atomics when the requester's retry of all 16 and a
@@ -251,10 +233,7 @@ fn a_fresh_loss_inside_a_resend_is_resent_at_once_and_only_once() {
 }
 
 fn ack(psn: u32) -> Vec<u8> {
-    let mut p = nak(psn);
-    // Same header, syndrome ACK with invalid credits (0x1f): bytes 12.. are the AETH.
-    p[12] = 0x1f;
-    p
+    ack_packet(A_QPN, Psn::new(psn), Syndrome::Ack { credits: 31 })
 }
 
 /// Each go-back halves the send window, and acknowledged PSNs grow it back: after a loss in a

@@ -4,14 +4,13 @@
 use core::time::Duration;
 
 use ferroce_proto::sim::pair::{default_rts, Pair};
-use ferroce_proto::sim::{NetConfig, Rng};
+use ferroce_proto::sim::{ack_packet, NetConfig, Rng};
 use ferroce_proto::{
     Access, InitAttr, PathMtu, QpCaps, QueuePair, RtrAttr, RtsAttr, SendOp, SendWr, Sge, VecMemory,
     WcStatus,
 };
-use ferroce_wire::aeth::{AethRepr, NakCode, Syndrome};
-use ferroce_wire::bth::BthRepr;
-use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn, RocePacket};
+use ferroce_wire::aeth::{NakCode, Syndrome};
+use ferroce_wire::{Psn, RocePacket};
 
 #[test]
 fn messages_cross_the_psn_wrap_both_ways() {
@@ -59,30 +58,6 @@ fn messages_cross_the_psn_wrap_both_ways() {
         "the PSN wrapped: {}",
         p.qp(0).next_send_psn()
     );
-}
-
-/// An ACK emitted by hand, as a responder would send it.
-fn ack_packet(dest_qpn: u32, psn: Psn, syndrome: Syndrome) -> Vec<u8> {
-    let bth = BthRepr {
-        opcode: Opcode::RC_ACKNOWLEDGE,
-        solicited: false,
-        migreq: false,
-        pad_count: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn,
-        ack_req: false,
-        psn,
-    };
-    let ext = ExtHeaders {
-        aeth: Some(AethRepr { syndrome, msn: 0 }),
-        ..Default::default()
-    };
-    let repr = PacketRepr::new(bth, ext, 0);
-    let mut buf = vec![0u8; repr.buffer_len().unwrap()];
-    repr.emit(&mut buf).unwrap();
-    buf
 }
 
 /// Regression (found by scenario seed 28): a sequence-error NAK rewinds the requester, and an

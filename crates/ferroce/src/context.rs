@@ -162,6 +162,16 @@ pub(crate) struct ContextShared {
 }
 
 impl ContextShared {
+    /// The QPs of the context now (a snapshot, so no lock is held while they are visited).
+    pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn remove_qp(&self, qpn: u32) {
         let gone = self
             .qps
@@ -379,14 +389,7 @@ impl Context {
             .retired_qp_counters
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let live: Vec<Arc<QpShared>> = shared
-            .qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for qp in live {
+        for qp in shared.live_qps() {
             qps.add(qp.qp.lock().unwrap_or_else(|e| e.into_inner()).counters());
         }
         let c = &shared.counters;

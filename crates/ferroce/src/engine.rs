@@ -216,13 +216,7 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
         return false;
     }
     if generation != st.qps_generation {
-        st.qps = shared
-            .qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        st.qps = shared.live_qps();
         st.qps_generation = generation;
     }
     st.next_deadline = None;

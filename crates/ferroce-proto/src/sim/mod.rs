@@ -496,3 +496,33 @@ fn describe(bytes: &[u8]) -> (Opcode, u32, String) {
     }
     (r.bth.opcode, r.bth.psn.value(), detail)
 }
+
+/// An acknowledgement (ACK or NAK) for `dest_qpn`, built by hand as a responder would send it
+/// (BTH + AETH, no ICRC): for tests that feed one QP the answers of a peer they script.
+pub fn ack_packet(
+    dest_qpn: u32,
+    psn: ferroce_wire::Psn,
+    syndrome: ferroce_wire::aeth::Syndrome,
+) -> Vec<u8> {
+    let bth = ferroce_wire::bth::BthRepr {
+        opcode: Opcode::RC_ACKNOWLEDGE,
+        solicited: false,
+        migreq: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn,
+        ack_req: false,
+        psn,
+    };
+    let ext = ferroce_wire::ExtHeaders {
+        aeth: Some(ferroce_wire::aeth::AethRepr { syndrome, msn: 0 }),
+        ..Default::default()
+    };
+    let repr = PacketRepr::new(bth, ext, 0);
+    let mut buf = vec![0u8; repr.buffer_len().unwrap_or(0)];
+    // A BTH + AETH always fits the buffer sized for it.
+    let _ = repr.emit(&mut buf);
+    buf
+}
