@@ -141,6 +141,11 @@ impl QueuePair {
 
     // ---- getters ------------------------------------------------------------------------
 
+    /// What remote peers may do through this QP (set at INIT).
+    pub fn access(&self) -> Access {
+        self.params.access
+    }
+
     /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.params.qpn
@@ -299,12 +304,26 @@ impl QueuePair {
     /// Posts a send work request (the doorbell). In ERR the request completes at once with
     /// the flush status, as the IBTA requires.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        self.check_send(&wr)?;
+        if self.req.len() >= self.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull(self.caps.max_send_wr));
+        }
+        if self.state == QpState::Error {
+            self.completions
+                .push_back(crate::requester::flushed(&self.params, &wr));
+            return Ok(());
+        }
+        self.req.push(wr);
+        Ok(())
+    }
+
+    /// Whether `wr` could be posted now (state, scatter/gather list, inline data, atomic
+    /// buffer, length), without posting it: what [`Self::post_send`] checks before queueing,
+    /// except the queue's capacity.
+    pub fn check_send(&self, wr: &SendWr) -> Result<(), PostError> {
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error => {}
             s => return Err(PostError::InvalidState(s)),
-        }
-        if self.req.len() >= self.caps.max_send_wr as usize {
-            return Err(PostError::QueueFull(self.caps.max_send_wr));
         }
         if wr.sgl.len() > self.caps.max_send_sge as usize {
             return Err(PostError::TooManySge {
@@ -328,12 +347,6 @@ impl QueuePair {
         if wr.data_len() > MAX_MESSAGE_LEN {
             return Err(PostError::MessageTooLong(wr.data_len()));
         }
-        if self.state == QpState::Error {
-            self.completions
-                .push_back(crate::requester::flushed(&self.params, &wr));
-            return Ok(());
-        }
-        self.req.push(wr);
         Ok(())
     }
 

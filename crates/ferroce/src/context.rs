@@ -18,6 +18,7 @@ use crate::engine::{self, EngineState};
 use crate::error::{Error, Result};
 use crate::mr::{MemoryRegion, MrInner, MrTable};
 use crate::qp::{QpInitAttr, QpShared, QueuePair, SharedReceiveQueue};
+use crate::shm::{Provider, ShmHost};
 use crate::sys::EventFd;
 
 /// How a device is opened.
@@ -30,6 +31,11 @@ pub struct ContextOptions {
     pub port: u16,
     /// Write every packet to this pcap file (default: the `FERROCE_PCAP` environment variable).
     pub capture: Option<PathBuf>,
+    /// Which provider QPs of this context use (default: the `FERROCE_PROVIDER` environment
+    /// variable, else [`Provider::Auto`]: shared memory to peers on this host, UDP to others).
+    /// A context that writes a capture uses UDP unless shared memory is forced: a capture is
+    /// asked for to see the packets.
+    pub provider: Provider,
 }
 
 impl Default for ContextOptions {
@@ -40,6 +46,7 @@ impl Default for ContextOptions {
             capture: std::env::var_os("FERROCE_PCAP")
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
+            provider: Provider::from_env().unwrap_or_default(),
         }
     }
 }
@@ -157,11 +164,44 @@ pub(crate) struct ContextShared {
     pub counters: EngineCounters,
     /// The transport counters of destroyed QPs, summed.
     pub retired_qp_counters: Mutex<Counters>,
+    /// This context's shared-memory presence (absent when the provider is UDP).
+    pub shm: Option<ShmHost>,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
 }
 
 impl ContextShared {
+    /// Makes a newly registered region reachable by same-host peers.
+    pub(crate) fn shm_publish(&self, key: u32, mr: &MrInner) {
+        let (Some(host), Some((fd, inode))) = (&self.shm, mr.shared_file()) else {
+            return;
+        };
+        host.table.publish(&crate::shm::PublishedRegion {
+            key,
+            pd: mr.pd,
+            access: mr.access,
+            addr: mr.addr(),
+            len: mr.len() as u64,
+            fd,
+            inode,
+        });
+    }
+
+    /// Withdraws a region from same-host peers.
+    pub(crate) fn shm_withdraw(&self, key: u32) {
+        if let Some(host) = &self.shm {
+            host.table.withdraw(key);
+        }
+    }
+
+    /// Records whether the engine thread sleeps, for this process and for same-host peers.
+    pub(crate) fn set_sleeping(&self, sleeping: bool) {
+        self.sleeping.store(sleeping, Ordering::SeqCst);
+        if let Some(host) = &self.shm {
+            host.table.set_sleeping(sleeping);
+        }
+    }
+
     /// The QPs of the context now (a snapshot, so no lock is held while they are visited).
     pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
         self.qps
@@ -297,6 +337,17 @@ impl Context {
             .as_deref()
             .map(Capture::create)
             .transpose()?;
+        let provider = match options.provider {
+            Provider::Auto if capture.is_some() => Provider::Udp,
+            p => p,
+        };
+        let shm = match provider {
+            Provider::Udp => None,
+            p => Some(
+                ShmHost::open(p, local)
+                    .map_err(|e| Error::io(format!("publishing {local} for same-host peers"), e))?,
+            ),
+        };
         let shared = Arc::new(ContextShared {
             device: device.clone(),
             gid,
@@ -316,6 +367,7 @@ impl Context {
             gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
             counters: EngineCounters::default(),
             retired_qp_counters: Mutex::new(Counters::default()),
+            shm,
             next_qpn: AtomicU32::new(0x11),
             next_pd: AtomicU32::new(1),
         });
@@ -340,6 +392,15 @@ impl Context {
     /// The GID peers address this context by.
     pub fn gid(&self) -> Ipv6Addr {
         self.inner.shared.gid.gid
+    }
+
+    /// The provider this context's QPs use ([`Provider::Auto`] picks per QP).
+    pub fn provider(&self) -> Provider {
+        self.inner
+            .shared
+            .shm
+            .as_ref()
+            .map_or(Provider::Udp, |h| h.provider)
     }
 
     /// The address and UDP port of this context's RoCE socket.
@@ -487,6 +548,13 @@ impl ProtectionDomain {
             src_port,
             deferred_ack: Mutex::new(None),
             last_request_tx: AtomicU64::new(0),
+            shm: match &shared.shm {
+                Some(_) => Some(
+                    crate::shm::ShmQp::new()
+                        .map_err(|e| Error::io("creating the QP's shared page", e))?,
+                ),
+                None => None,
+            },
         });
         shared
             .qps

@@ -108,6 +108,8 @@ pub(crate) struct EngineState {
     wcs: Vec<WorkCompletion>,
     /// The earliest transport timer seen in the last pass.
     next_deadline: Option<Instant>,
+    /// Where a packet from a shared-memory ring is copied to be handled.
+    shm_rx: Vec<u8>,
 }
 
 impl std::fmt::Debug for EngineState {
@@ -128,6 +130,7 @@ impl EngineState {
             qps_generation: u64::MAX,
             wcs: Vec::new(),
             next_deadline: None,
+            shm_rx: vec![0u8; MAX_DATAGRAM],
         }
     }
 }
@@ -208,16 +211,21 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
         }
     }
     let generation = shared.qps_generation.load(Ordering::Acquire);
+    if generation != st.qps_generation {
+        st.qps = shared.live_qps();
+        st.qps_generation = generation;
+        // The new QPs have not been looked at yet.
+        shared.work_pending.store(true, Ordering::Release);
+    }
+    if shared.shm.is_some() {
+        did |= shm_receive(shared, st, now);
+    }
     // An idle pass (nothing received, posted, or due) need not visit the QPs: that keeps a
     // busy-polling application's loop to one system call.
     let pending = shared.work_pending.swap(false, Ordering::AcqRel);
     let due = st.next_deadline.is_some_and(|d| d <= now);
-    if !did && !pending && !due && generation == st.qps_generation {
+    if !did && !pending && !due {
         return false;
-    }
-    if generation != st.qps_generation {
-        st.qps = shared.live_qps();
-        st.qps_generation = generation;
     }
     st.next_deadline = None;
     let qps = std::mem::take(&mut st.qps);
@@ -265,13 +273,23 @@ fn transmit_qp(
     now: Instant,
 ) -> bool {
     let peer = *qp.peer.lock().unwrap_or_else(|e| e.into_inner());
+    let shm = qp.shm_linked();
     let mut did = false;
     loop {
         let mut k = 0;
+        // Over shared memory a packet is only made when the peer's ring has room for it: a
+        // packet made and then dropped would wait for the retransmission timer.
+        let take = match shm {
+            Some(s) => match &*s.lock() {
+                crate::shm::Link::Linked(p) => p.ring().room_for(MAX_DATAGRAM).min(TAKE),
+                _ => 0,
+            },
+            None => TAKE,
+        };
         {
             let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
             let mut mem = EngineMemory { table: &shared.mrs };
-            while k < TAKE {
+            while k < take {
                 let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else {
                     break;
                 };
@@ -281,6 +299,7 @@ fn transmit_qp(
             while let Some(wc) = q.poll_completion() {
                 st.wcs.push(wc);
             }
+            qp.publish_state(&q);
         }
         if !st.wcs.is_empty() {
             did = true;
@@ -293,7 +312,12 @@ fn transmit_qp(
                 .as_nanos()
                 .saturating_sub(qp.last_request_tx.load(Ordering::Relaxed))
                 < PING_PONG_WINDOW.as_nanos() as u64;
-            if k == 1 && app_driving && recent_request && is_plain_ack(&st.tx[0][..st.tx_lens[0]]) {
+            if k == 1
+                && shm.is_none()
+                && app_driving
+                && recent_request
+                && is_plain_ack(&st.tx[0][..st.tx_lens[0]])
+            {
                 // Hold it; a newer ACK replaces an older one (it acknowledges more).
                 let n = st.tx_lens[0];
                 let mut bytes = [0u8; 24];
@@ -327,6 +351,13 @@ fn transmit_qp(
         };
         if (0..k).any(|i| is_request(&st.tx[i][..st.tx_lens[i]])) {
             qp.last_request_tx.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        if let Some(s) = shm {
+            ring_send(shared, s, &st.tx[..k], &st.tx_lens[..k]);
+            if k < take {
+                break;
+            }
+            continue;
         }
         let src = SocketAddr::new(shared.local.ip(), qp.src_port);
         let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
@@ -368,6 +399,101 @@ fn transmit_qp(
         }
     }
     did
+}
+
+/// Puts packets into a linked peer's ring (room was checked before they were made) and wakes
+/// its engine if it sleeps. The ring is not a network: no ICRC is computed or checked.
+fn ring_send(shared: &ContextShared, shm: &crate::shm::ShmQp, bufs: &[Vec<u8>], lens: &[usize]) {
+    let link = shm.lock();
+    let crate::shm::Link::Linked(peer) = &*link else {
+        return;
+    };
+    let ring = peer.ring();
+    let mut bytes = 0;
+    let mut sent = 0;
+    for (b, &n) in bufs.iter().zip(lens) {
+        if ring.push(&b[..n]) {
+            sent += 1;
+            bytes += n;
+        } else {
+            // Cannot happen (room was checked); the transport's retransmission would cover it.
+            shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let c = &shared.counters;
+    c.tx_packets.fetch_add(sent, Ordering::Relaxed);
+    c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    peer.wake();
+}
+
+/// Most packets one pass takes from one QP's ring, so one busy QP cannot starve the rest.
+const SHM_RX_PER_QP: usize = 256;
+
+/// Serves the shared-memory side: hello connections (new links, wake-ups, peers that went
+/// away) and the inbound rings of linked QPs. Returns whether anything arrived.
+fn shm_receive(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bool {
+    let Some(host) = &shared.shm else {
+        return false;
+    };
+    let find = |qpn: u32| {
+        shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned()
+    };
+    let ev = host.poll(&find);
+    let mut did = ev.did;
+    for qpn in ev.peers_gone {
+        if let Some(qp) = find(qpn) {
+            peer_gone(&qp);
+        }
+    }
+    for qp in &st.qps {
+        let Some(s) = qp.shm_linked() else { continue };
+        let ring = s.page.ring();
+        for _ in 0..SHM_RX_PER_QP {
+            match ring.pop(&mut st.shm_rx) {
+                Ok(Some(n)) => {
+                    did = true;
+                    let c = &shared.counters;
+                    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+                    c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    match RocePacket::new_checked(&st.shm_rx[..n]) {
+                        Ok(pkt) => hand_over(shared, now, qp, &pkt, &st.shm_rx[..n]),
+                        Err(_) => {
+                            c.malformed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    // The peer broke the ring: nothing more from it can be trusted.
+                    shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    peer_gone(qp);
+                    did = true;
+                    break;
+                }
+            }
+        }
+    }
+    if did {
+        shared.work_pending.store(true, Ordering::Release);
+    }
+    did
+}
+
+/// A linked peer went away (or broke the ring): the QP goes to ERR, flushing its work; the
+/// completions leave in this pass's transmit step.
+fn peer_gone(qp: &QpShared) {
+    if let Some(s) = &qp.shm {
+        s.linked.store(false, Ordering::Release);
+        *s.lock() = crate::shm::Link::Broken;
+    }
+    let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+    q.modify_to_error();
+    qp.publish_state(&q);
 }
 
 /// Sends the packets in order: runs of equal-size packets with one GSO send each (where the
@@ -476,6 +602,18 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
         c.wrong_source.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    hand_over(shared, now, &qp, &pkt, bytes);
+}
+
+/// Hands a checked packet to its QP (taking a receive request from the SRQ if it needs one).
+fn hand_over(
+    shared: &ContextShared,
+    now: Instant,
+    qp: &QpShared,
+    pkt: &RocePacket<&[u8]>,
+    bytes: &[u8],
+) {
+    let c = &shared.counters;
     let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(srq) = &qp.srq {
         // A message that needs a receive request takes one from the SRQ at the moment it is
@@ -498,6 +636,7 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
     if q.handle_packet(now, &mut mem, bytes).is_err() {
         c.malformed.fetch_add(1, Ordering::Relaxed);
     }
+    qp.publish_state(&q);
 }
 
 /// One pass if the engine is free and no application thread is driving progress (its own
@@ -523,6 +662,7 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
     let mut last_work = std::time::Instant::now();
     let sock = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
     let bell = shared.doorbell_fd.fd();
+    let mut fds = Vec::new();
     while !shared.shutdown.load(Ordering::Acquire) {
         let app_driving =
             shared.app_polling_until.load(Ordering::Acquire) > shared.now().as_nanos();
@@ -537,10 +677,10 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
         }
         // About to sleep: announce it, then look once more so that a post racing with the
         // announcement is either seen here or rings the doorbell.
-        shared.sleeping.store(true, Ordering::SeqCst);
+        shared.set_sleeping(true);
         let (did, deadline) = engine_pass(&shared, app_driving);
         if did {
-            shared.sleeping.store(false, Ordering::SeqCst);
+            shared.set_sleeping(false);
             last_work = std::time::Instant::now();
             continue;
         }
@@ -553,9 +693,16 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
         } else {
             until_deadline.map_or(MAX_SLEEP, |t| t.min(MAX_SLEEP))
         });
-        let fds: &[std::os::fd::RawFd] = if app_driving { &[bell] } else { &[sock, bell] };
-        let _ = sys::wait_readable(fds, timeout);
-        shared.sleeping.store(false, Ordering::SeqCst);
+        fds.clear();
+        fds.push(bell);
+        if !app_driving {
+            fds.push(sock);
+            if let Some(host) = &shared.shm {
+                host.wait_fds(&mut fds);
+            }
+        }
+        let _ = sys::wait_readable(&fds, timeout);
+        shared.set_sleeping(false);
         shared.doorbell_fd.drain();
     }
 }

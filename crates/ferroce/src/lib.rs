@@ -55,6 +55,7 @@ mod engine;
 mod error;
 mod mr;
 mod qp;
+mod shm;
 mod sys;
 
 pub use context::{Context, ContextCounters, ContextOptions, ProtectionDomain};
@@ -63,6 +64,7 @@ pub use device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
 pub use error::{Error, Result};
 pub use mr::MemoryRegion;
 pub use qp::{ConnectOptions, QpInitAttr, QueuePair, SharedReceiveQueue};
+pub use shm::Provider;
 
 pub use ferroce_proto::{
     Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr,

@@ -25,12 +25,13 @@ use ferroce_proto::Sge;
 
 use crate::context::ContextInner;
 use crate::error::{Error, Result};
+use crate::shm::map::SharedMap;
 
 /// Where a region's bytes come from.
 #[derive(Debug)]
 enum Backing {
-    /// Anonymous pages ferroce mapped and unmaps on drop.
-    Mapped,
+    /// A memfd ferroce created and maps (a same-host peer may map it too); unmapped on drop.
+    Shared(SharedMap),
     /// The caller's memory (registered with `unsafe`); not freed by ferroce.
     Borrowed,
 }
@@ -57,48 +58,55 @@ unsafe impl Send for MrInner {}
 // SAFETY: see `Send`.
 unsafe impl Sync for MrInner {}
 
-impl Drop for MrInner {
-    fn drop(&mut self) {
-        if let Backing::Mapped = self.backing {
-            // SAFETY: `ptr`/`len` are exactly the mapping made in `MrInner::map`, and no
-            // reference to it survives the value.
-            unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), self.len.max(1));
-            }
-        }
-    }
-}
-
 impl MrInner {
-    /// Maps `len` zeroed, page-aligned bytes.
+    /// Maps `len` zeroed, page-aligned bytes in a fresh memfd.
     pub(crate) fn map(len: usize, access: Access, pd: u32) -> Result<MrInner> {
-        // SAFETY: an anonymous private mapping takes no pointer from us; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len.max(1),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::io(
-                format!("mapping {len} bytes"),
-                std::io::Error::last_os_error(),
-            ));
-        }
-        let ptr = NonNull::new(p.cast::<u8>())
+        let map = SharedMap::create("ferroce-mr", len)
+            .map_err(|e| Error::io(format!("allocating a {len}-byte memory region"), e))?;
+        let ptr = NonNull::new(map.ptr())
             .ok_or_else(|| Error::InvalidArgument("mmap returned null".into()))?;
         Ok(MrInner {
             ptr,
             len,
-            backing: Backing::Mapped,
+            backing: Backing::Shared(map),
             access,
             pd,
             lock: RwLock::new(false),
         })
+    }
+
+    /// The memfd holding the bytes and its inode, for regions ferroce allocated.
+    pub(crate) fn shared_file(&self) -> Option<(i32, u64)> {
+        match &self.backing {
+            Backing::Shared(m) => Some((m.fd(), m.inode())),
+            Backing::Borrowed => None,
+        }
+    }
+
+    /// Runs `f` on a pointer to `offset..offset + len` of the region, under its lock (shared
+    /// for reading, exclusive for writing), unless the range is outside or the region revoked.
+    /// `f` must stay inside those `len` bytes and must not keep the pointer.
+    pub(crate) fn with_range<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        writing: bool,
+        f: impl FnOnce(*mut u8) -> R,
+    ) -> Result<R> {
+        self.check(offset, len)?;
+        let (r, w);
+        let revoked = if writing {
+            w = self.lock.write().unwrap_or_else(|e| e.into_inner());
+            *w
+        } else {
+            r = self.lock.read().unwrap_or_else(|e| e.into_inner());
+            *r
+        };
+        if revoked {
+            return Err(self.revoked());
+        }
+        // SAFETY: `offset + len <= self.len` was checked, so the pointer is inside the region.
+        Ok(f(unsafe { self.ptr.as_ptr().add(offset) }))
     }
 
     /// Wraps caller memory.
@@ -200,13 +208,32 @@ impl MrInner {
         if *g {
             return Err(self.revoked());
         }
-        // SAFETY: checked range, exclusive lock; unaligned reads/writes are used, so alignment
-        // is not assumed (the transport already refuses misaligned atomics).
-        let old = unsafe { std::ptr::read_unaligned(self.ptr.as_ptr().add(offset).cast::<u64>()) };
-        let new = op.apply(old);
+        let p = self.ptr.as_ptr().wrapping_add(offset);
+        if p as usize % 8 == 0 {
+            // SAFETY: checked range, 8-aligned; a same-host peer may apply its own CPU atomics
+            // to this word concurrently, so this must be one too.
+            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) };
+            return Ok(apply_atomic(word, op));
+        }
+        // SAFETY: checked range, exclusive lock; the transport refuses misaligned atomics, so
+        // this path serves only local callers.
+        let old = unsafe { std::ptr::read_unaligned(p.cast::<u64>()) };
         // SAFETY: as above.
-        unsafe { std::ptr::write_unaligned(self.ptr.as_ptr().add(offset).cast::<u64>(), new) };
+        unsafe { std::ptr::write_unaligned(p.cast::<u64>(), op.apply(old)) };
         Ok(old)
+    }
+}
+
+/// Applies an IBTA atomic to a word as one CPU atomic; returns the original value.
+pub(crate) fn apply_atomic(word: &std::sync::atomic::AtomicU64, op: AtomicOp) -> u64 {
+    use std::sync::atomic::Ordering::SeqCst;
+    match op {
+        AtomicOp::FetchAdd { add } => word.fetch_add(add, SeqCst),
+        AtomicOp::CompareSwap { compare, swap } => {
+            match word.compare_exchange(compare, swap, SeqCst, SeqCst) {
+                Ok(v) | Err(v) => v,
+            }
+        }
     }
 }
 
@@ -396,6 +423,7 @@ impl MemoryRegion {
     pub(crate) fn new(inner: MrInner, ctx: Arc<ContextInner>) -> Result<MemoryRegion> {
         let inner = Arc::new(inner);
         let key = ctx.shared.mrs.insert(inner.clone())?;
+        ctx.shared.shm_publish(key, &inner);
         Ok(MemoryRegion { inner, key, ctx })
     }
 
@@ -478,6 +506,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        self.ctx.shared.shm_withdraw(self.key);
         self.ctx.shared.mrs.remove(self.key);
         self.inner.revoke();
     }

@@ -113,11 +113,28 @@ pub(crate) struct QpShared {
     /// When this QP last sent a request (ns on the context clock): ACKs are held only on a QP
     /// that is itself sending, i.e. in a ping-pong.
     pub last_request_tx: std::sync::atomic::AtomicU64,
+    /// The shared-memory side (absent when the context's provider is UDP).
+    pub shm: Option<crate::shm::ShmQp>,
 }
 
 impl QpShared {
     pub(crate) fn send_fd(&self) -> std::os::fd::RawFd {
         self.send_socket.as_raw_fd()
+    }
+
+    /// The shm side, if this QP is linked to a same-host peer.
+    pub(crate) fn shm_linked(&self) -> Option<&crate::shm::ShmQp> {
+        self.shm
+            .as_ref()
+            .filter(|s| s.linked.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Tells a same-host peer this QP's state, access rights and protection domain (what it
+    /// checks before reaching memory through this QP).
+    pub(crate) fn publish_state(&self, q: &ferroce_proto::QueuePair) {
+        if let Some(shm) = &self.shm {
+            shm.page.publish(q.state(), Some(q.access()), q.pd());
+        }
     }
 }
 
@@ -141,7 +158,17 @@ impl QueuePair {
 
     fn with<T>(&self, f: impl FnOnce(&mut ferroce_proto::QueuePair) -> T) -> T {
         let mut q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut q)
+        let r = f(&mut q);
+        self.shared.publish_state(&q);
+        r
+    }
+
+    /// The provider moving this QP's bytes: `Shm` once linked to a same-host peer (at RTR).
+    pub fn provider(&self) -> crate::Provider {
+        match &self.shared.shm {
+            Some(s) if !matches!(*s.lock(), crate::shm::Link::Off) => crate::Provider::Shm,
+            _ => crate::Provider::Udp,
+        }
     }
 
     /// The current state.
@@ -184,8 +211,19 @@ impl QueuePair {
             )));
         }
         self.with(|q| q.modify_to_rtr(attr))?;
-        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(SocketAddr::new(peer_ip, dest_udp_port));
+        let dest = SocketAddr::new(peer_ip, dest_udp_port);
+        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(dest);
+        if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
+            let linked = host
+                .start_link(shm, self.shared.qpn, dest, attr.dest_qpn)
+                .map_err(|e| Error::io(format!("reaching {dest} through shared memory"), e))?;
+            if !linked && host.provider == crate::Provider::Shm {
+                return Err(Error::InvalidArgument(format!(
+                    "no ferroce context at {dest} on this host to reach through shared memory \
+                     (provider shm is forced)"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -205,10 +243,24 @@ impl QueuePair {
     pub fn reset(&self) {
         self.with(|q| q.reset());
         *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(shm) = &self.shared.shm {
+            shm.linked.store(false, std::sync::atomic::Ordering::Release);
+            *shm.lock() = crate::shm::Link::Off;
+        }
     }
 
     /// Posts a send work request and rings the doorbell.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        if let Some(shm) = self.shared.shm_linked() {
+            let q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(wc) = crate::shm::direct::execute(&self.ctx.shared, shm, &q, &wr) {
+                drop(q);
+                if wr.flags.signaled {
+                    self.shared.send_cq.push(&[wc]);
+                }
+                return Ok(());
+            }
+        }
         self.with(|q| q.post_send(wr))?;
         self.ctx.shared.doorbell(&self.shared);
         Ok(())
