@@ -1,12 +1,13 @@
-//! The verbs API between two contexts on loopback, over real UDP sockets: every operation and
-//! size, shared receive queues, completion channels, many QPs, and teardown.
+//! The verbs API between two contexts on loopback, on both providers — RoCE v2 over real UDP
+//! sockets, and shared memory — every operation and size, shared receive queues, completion
+//! channels, many QPs, and teardown. Each test runs once per provider (modules `udp`, `shm`).
 
 use std::time::Duration;
 
 use ferroce::{
     device_by_name, Access, CompletionQueue, Context, ContextOptions, InitAttr, MemoryRegion,
-    ProtectionDomain, QpCaps, QpInitAttr, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr,
-    SharedReceiveQueue, WcOpcode, WcStatus,
+    ProtectionDomain, Provider, QpCaps, QpInitAttr, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp,
+    SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -17,11 +18,12 @@ struct Side {
     cq: CompletionQueue,
 }
 
-fn side() -> Side {
+fn side(provider: Provider) -> Side {
     let ctx = device_by_name("lo")
         .unwrap()
         .open(&ContextOptions {
             capture: None,
+            provider,
             ..ContextOptions::with_port(0)
         })
         .unwrap();
@@ -67,6 +69,13 @@ fn connect(a: &QueuePair, actx: &Context, b: &QueuePair, bctx: &Context) {
         };
         q.modify_to_rts(&rts).unwrap();
     }
+    // Both contexts use the same provider; a QP uses it (shm is forced, not just allowed).
+    let want = actx.provider();
+    assert_eq!(
+        (a.provider(), b.provider()),
+        (want, want),
+        "provider of the QPs"
+    );
 }
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
@@ -75,8 +84,8 @@ fn pattern(seed: usize, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn pair() -> (Side, Side, QueuePair, QueuePair) {
-    let (a, b) = (side(), side());
+fn pair(p: Provider) -> (Side, Side, QueuePair, QueuePair) {
+    let (a, b) = (side(p), side(p));
     let (qa, qb) = (qp(&a, None), qp(&b, None));
     connect(&qa, &a.ctx, &qb, &b.ctx);
     (a, b, qa, qb)
@@ -96,9 +105,8 @@ fn sgl(m: &MemoryRegion, len: usize) -> Vec<ferroce::Sge> {
     }
 }
 
-#[test]
-fn write_read_send_at_every_size_up_to_16_mib() {
-    let (a, b, qa, qb) = pair();
+fn write_read_send_at_every_size_up_to_16_mib(p: Provider) {
+    let (a, b, qa, qb) = pair(p);
     for (i, &len) in SIZES.iter().enumerate() {
         let data = pattern(i, len);
         let src = mr(&a, len);
@@ -163,9 +171,8 @@ fn write_read_send_at_every_size_up_to_16_mib() {
     }
 }
 
-#[test]
-fn write_with_immediate_and_atomics() {
-    let (a, b, qa, qb) = pair();
+fn write_with_immediate_and_atomics(p: Provider) {
+    let (a, b, qa, qb) = pair(p);
     let src = mr(&a, 4096);
     let dst = mr(&b, 4096);
     src.write(0, &pattern(1, 4096)).unwrap();
@@ -225,9 +232,8 @@ fn write_with_immediate_and_atomics() {
     );
 }
 
-#[test]
-fn bad_rkey_gives_remote_access_error_and_untouched_memory() {
-    let (a, b, qa, _qb) = pair();
+fn bad_rkey_gives_remote_access_error_and_untouched_memory(p: Provider) {
+    let (a, b, qa, _qb) = pair(p);
     let src = mr(&a, 64);
     let dst = mr(&b, 64);
     src.fill(0, 64, 0xee).unwrap();
@@ -253,9 +259,8 @@ fn bad_rkey_gives_remote_access_error_and_untouched_memory() {
     assert_eq!(qa.state(), ferroce::QpState::Error);
 }
 
-#[test]
-fn shared_receive_queue_feeds_several_qps() {
-    let (a, b) = (side(), side());
+fn shared_receive_queue_feeds_several_qps(p: Provider) {
+    let (a, b) = (side(p), side(p));
     let srq = b.pd.create_srq(64, 1).unwrap();
     let pairs: Vec<(QueuePair, QueuePair)> = (0..3)
         .map(|_| {
@@ -307,9 +312,8 @@ fn shared_receive_queue_feeds_several_qps() {
     assert!(srq.is_empty());
 }
 
-#[test]
-fn completion_channel_wakes_a_blocked_thread() {
-    let (a, b) = (side(), side());
+fn completion_channel_wakes_a_blocked_thread(p: Provider) {
+    let (a, b) = (side(p), side(p));
     let ch = b.ctx.create_comp_channel().unwrap();
     let cq = b.ctx.create_cq(16, Some(&ch)).unwrap();
     let qa = qp(&a, None);
@@ -345,9 +349,8 @@ fn completion_channel_wakes_a_blocked_thread() {
     );
 }
 
-#[test]
-fn sixty_four_qps_at_once() {
-    let (a, b) = (side(), side());
+fn sixty_four_qps_at_once(p: Provider) {
+    let (a, b) = (side(p), side(p));
     let pairs: Vec<(QueuePair, QueuePair)> = (0..64)
         .map(|_| {
             let (qa, qb) = (qp(&a, None), qp(&b, None));
@@ -373,4 +376,40 @@ fn sixty_four_qps_at_once() {
         assert_eq!(dst.to_vec(i * len, len).unwrap(), pattern(3, len), "QP {i}");
     }
     assert_eq!(a.ctx.queue_pair_count(), 64);
+}
+
+/// Each test once per provider.
+macro_rules! per_provider {
+    ($provider:expr, $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                super::$name($provider)
+            }
+        )*
+    };
+}
+
+mod udp {
+    per_provider!(
+        ferroce::Provider::Udp,
+        write_read_send_at_every_size_up_to_16_mib,
+        write_with_immediate_and_atomics,
+        bad_rkey_gives_remote_access_error_and_untouched_memory,
+        shared_receive_queue_feeds_several_qps,
+        completion_channel_wakes_a_blocked_thread,
+        sixty_four_qps_at_once
+    );
+}
+
+mod shm {
+    per_provider!(
+        ferroce::Provider::Shm,
+        write_read_send_at_every_size_up_to_16_mib,
+        write_with_immediate_and_atomics,
+        bad_rkey_gives_remote_access_error_and_untouched_memory,
+        shared_receive_queue_feeds_several_qps,
+        completion_channel_wakes_a_blocked_thread,
+        sixty_four_qps_at_once
+    );
 }
