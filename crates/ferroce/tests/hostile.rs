@@ -354,6 +354,8 @@ fn open() -> Context {
         .unwrap()
         .open(&ContextOptions {
             capture: None,
+            // The packet path is what is attacked here: the legitimate peers use it too.
+            provider: ferroce::Provider::Udp,
             ..ContextOptions::with_port(0)
         })
         .unwrap()

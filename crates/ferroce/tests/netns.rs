@@ -943,6 +943,8 @@ mod role {
                 gid_index: gid,
                 port: 0,
                 capture,
+                // Peers in other namespaces are other hosts: UDP whatever the environment says.
+                provider: ferroce::Provider::Udp,
             })
             .ctx(&format!("opening {}", dev.name()))?;
         let pd = ctx.alloc_pd().ctx("allocating a PD")?;
