@@ -19,6 +19,11 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "ferroce", version, about)]
 struct Cli {
+    /// Which provider moves the bytes: auto (shared memory to peers on this host, UDP to
+    /// others), udp (RoCE v2 always), shm (shared memory always; a peer on another host is an
+    /// error). Default: the FERROCE_PROVIDER environment variable, else auto.
+    #[arg(long, global = true, value_name = "auto|udp|shm")]
+    provider: Option<ferroce::Provider>,
     /// With no command: a guided demo on loopback.
     #[command(subcommand)]
     command: Option<Command>,
@@ -58,6 +63,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    match cli.provider.map(Ok).unwrap_or_else(ferroce::Provider::from_env) {
+        // Contexts read it when they open (ContextOptions::default); set before any thread.
+        Ok(p) => std::env::set_var("FERROCE_PROVIDER", p.name()),
+        Err(e) => {
+            eprintln!("ferroce: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let Some(command) = cli.command else {
         return finish(demo::run());
     };

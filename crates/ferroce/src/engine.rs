@@ -443,7 +443,7 @@ fn shm_receive(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
             .get(&qpn)
             .cloned()
     };
-    let ev = host.poll(&find);
+    let ev = host.poll(now.as_nanos(), &find);
     let mut did = ev.did;
     for qpn in ev.peers_gone {
         if let Some(qp) = find(qpn) {

@@ -251,6 +251,33 @@ impl QueuePair {
 
     /// Posts a send work request and rings the doorbell.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        if self.post_one(wr)? {
+            self.ctx.shared.doorbell(&self.shared);
+        }
+        Ok(())
+    }
+
+    /// Posts several send work requests with one doorbell; stops at the first refused one.
+    pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
+        let r = if self.shared.shm_linked().is_some() {
+            let mut queued = false;
+            let r = wrs
+                .into_iter()
+                .try_for_each(|wr| self.post_one(wr).map(|q| queued |= q));
+            if queued {
+                self.ctx.shared.doorbell(&self.shared);
+            }
+            return r;
+        } else {
+            self.with(|q| wrs.into_iter().try_for_each(|wr| q.post_send(wr)))
+        };
+        self.ctx.shared.doorbell(&self.shared);
+        Ok(r?)
+    }
+
+    /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
+    /// queues it for the transport; returns whether it was queued (a doorbell is due).
+    fn post_one(&self, wr: SendWr) -> Result<bool> {
         if let Some(shm) = self.shared.shm_linked() {
             let q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(wc) = crate::shm::direct::execute(&self.ctx.shared, shm, &q, &wr) {
@@ -258,19 +285,11 @@ impl QueuePair {
                 if wr.flags.signaled {
                     self.shared.send_cq.push(&[wc]);
                 }
-                return Ok(());
+                return Ok(false);
             }
         }
         self.with(|q| q.post_send(wr))?;
-        self.ctx.shared.doorbell(&self.shared);
-        Ok(())
-    }
-
-    /// Posts several send work requests with one doorbell; stops at the first refused one.
-    pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
-        let r = self.with(|q| wrs.into_iter().try_for_each(|wr| q.post_send(wr)));
-        self.ctx.shared.doorbell(&self.shared);
-        Ok(r?)
+        Ok(true)
     }
 
     /// Posts a receive work request.

@@ -990,8 +990,12 @@ fn print_banner(args: &PerfArgs, s: &Session) {
     println!("{bar}");
     println!("                    {}", args.test.title());
     println!(" Device          : {}", s.ctx.device().name());
+    let transport = match s.qps.first().map(|q| q.provider()) {
+        Some(ferroce::Provider::Shm) => "shared memory (ferroce)",
+        _ => "RoCE v2 over UDP (ferroce)",
+    };
     println!(
-        " Number of qps   : {:<12} Transport type : RoCE v2 over UDP (ferroce)",
+        " Number of qps   : {:<12} Transport type : {transport}",
         s.qps.len()
     );
     println!(" Connection type : RC",);

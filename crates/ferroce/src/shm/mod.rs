@@ -413,7 +413,15 @@ pub(crate) struct ShmHost {
     pid: u32,
     incoming: Mutex<Vec<Incoming>>,
     offers: Mutex<HashMap<u32, Offer>>,
+    /// When (ns on the context clock) the listener was last looked at.
+    last_poll: std::sync::atomic::AtomicU64,
 }
+
+/// How often an engine pass looks at the listener and hello connections. They carry hellos,
+/// wake-up bytes and hang-ups, none urgent (a QP whose hello has not been read yet sends by
+/// UDP meanwhile); looking costs system calls, which a busy-polling application pays in every
+/// empty poll of its CQ.
+const HOST_POLL_EVERY_NS: u64 = 100_000;
 
 fn abstract_name(addr: SocketAddr) -> Vec<u8> {
     let mut v = vec![0u8];
@@ -552,6 +560,7 @@ impl ShmHost {
             pid: std::process::id(),
             incoming: Mutex::new(Vec::new()),
             offers: Mutex::new(HashMap::new()),
+            last_poll: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -619,8 +628,17 @@ impl ShmHost {
 
     /// Accepts hello connections, reads hellos and wake-up bytes, and notices peers that hung
     /// up. `find` gives the shm side of one of our QPs by number.
-    pub(crate) fn poll(&self, find: &dyn Fn(u32) -> Option<Arc<crate::qp::QpShared>>) -> HostEvents {
+    pub(crate) fn poll(
+        &self,
+        now_ns: u64,
+        find: &dyn Fn(u32) -> Option<Arc<crate::qp::QpShared>>,
+    ) -> HostEvents {
         let mut ev = HostEvents::default();
+        let last = self.last_poll.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(last) < HOST_POLL_EVERY_NS && last != 0 {
+            return ev;
+        }
+        self.last_poll.store(now_ns.max(1), Ordering::Relaxed);
         let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             // SAFETY: accept4 on our listening socket, no address wanted; result checked.
