@@ -92,14 +92,45 @@ fn json_lines(out: &Output) -> Vec<serde_json::Value> {
 
 #[test]
 fn every_operation_every_size_with_verification() {
+    for provider in ["udp", "shm"] {
+        every_operation_every_size_on(provider);
+    }
+}
+
+fn every_operation_every_size_on(provider: &str) {
     // 0 B, 1 B, around the 4096-byte path MTU, and up to 16 MiB.
     let sizes = [
         "0", "1", "4095", "4096", "4097", "65536", "1048576", "16777216",
     ];
+    // The banner names the provider the QPs really use.
+    let (s, c) = pair(
+        "write_bw",
+        &["--size", "64", "--iters", "4", "--provider", provider],
+    );
+    assert_ok(provider, &s, &c);
+    let want = if provider == "shm" {
+        "shared memory"
+    } else {
+        "RoCE v2 over UDP"
+    };
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains(&format!("Transport type : {want}")),
+        "{provider}: {}",
+        String::from_utf8_lossy(&c.stdout)
+    );
     for test in ["write_bw", "read_bw", "send_bw"] {
         for size in sizes {
             let iters = if size.len() > 6 { "4" } else { "50" };
-            let extra = ["--size", size, "--iters", iters, "--verify", "--json"];
+            let extra = [
+                "--size",
+                size,
+                "--iters",
+                iters,
+                "--verify",
+                "--json",
+                "--provider",
+                provider,
+            ];
             let (s, c) = pair(test, &extra);
             assert_ok(&format!("{test} {size}"), &s, &c);
             let v = json_lines(&c);
@@ -113,7 +144,16 @@ fn every_operation_every_size_with_verification() {
         for size in ["1", "4097", "1048576"] {
             let (s, c) = pair(
                 test,
-                &["--size", size, "--iters", "20", "--verify", "--json"],
+                &[
+                    "--size",
+                    size,
+                    "--iters",
+                    "20",
+                    "--verify",
+                    "--json",
+                    "--provider",
+                    provider,
+                ],
             );
             assert_ok(&format!("{test} {size}"), &s, &c);
             let v = json_lines(&c);
@@ -144,19 +184,31 @@ fn all_sizes_in_one_run() {
 
 #[test]
 fn sixty_four_qps_between_two_processes() {
-    for test in ["write_bw", "read_bw", "send_bw", "atomic_bw"] {
+    for (test, provider) in ["write_bw", "read_bw", "send_bw", "atomic_bw"]
+        .into_iter()
+        .flat_map(|t| [(t, "udp"), (t, "shm")])
+    {
         let size: &[&str] = if test == "atomic_bw" {
             &[]
         } else {
             &["--size", "8192"]
         };
         let args = [
-            &["--qps", "64", "--iters", "40", "--verify", "--json"][..],
+            &[
+                "--qps",
+                "64",
+                "--iters",
+                "40",
+                "--verify",
+                "--json",
+                "--provider",
+                provider,
+            ][..],
             size,
         ]
         .concat();
         let (s, c) = pair(test, &args);
-        assert_ok(&format!("{test} 64 QPs"), &s, &c);
+        assert_ok(&format!("{test} 64 QPs over {provider}"), &s, &c);
         assert_eq!(json_lines(&c)[0]["iterations"].as_u64(), Some(64 * 40));
     }
 }
@@ -166,14 +218,25 @@ fn one_sided_operations_need_no_server_thread() {
     // In READ, WRITE and atomic tests the server's only thread blocks reading the TCP
     // connection for the whole round: every packet is handled by its engine thread. The
     // server's CPU time is accordingly tiny next to the client's busy loop.
-    for test in ["read_bw", "write_bw", "atomic_bw"] {
+    for (test, provider) in ["read_bw", "write_bw", "atomic_bw"]
+        .into_iter()
+        .flat_map(|t| [(t, "udp"), (t, "shm")])
+    {
         let size: &[&str] = if test == "atomic_bw" {
             &[]
         } else {
             &["--size", "4096"]
         };
         let args = [
-            &["--iters", "3000", "--verify", "--json", "--counters"][..],
+            &[
+                "--iters",
+                "3000",
+                "--verify",
+                "--json",
+                "--counters",
+                "--provider",
+                provider,
+            ][..],
             size,
         ]
         .concat();
