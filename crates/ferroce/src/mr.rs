@@ -13,6 +13,14 @@
 //! the slot is reused, so a stale or guessed key does not reach a newer region. Generation 0 is
 //! never used, so key 0 is always invalid.
 //!
+//! # Where the bytes live
+//! Regions ferroce allocates ([`crate::ProtectionDomain::alloc_mr`]) are memfds mapped shared,
+//! page-aligned, so a same-host peer can map them and WRITE, READ or apply atomics with no code
+//! running here (see `shm`). Such a peer's copies do not take this side's lock — like a NIC's
+//! DMA — which is why the bytes are never handed out as references, and why atomics here are
+//! CPU atomics too. Caller memory ([`crate::ProtectionDomain::register_raw`]) cannot be mapped by
+//! a peer: requests on it are served by this context's engine, under the lock.
+//!
 //! # Deregistration
 //! Dropping a [`MemoryRegion`] removes its key at once, so no new access can start; the memory
 //! itself lives until the last in-flight access (which holds a reference) finishes.
