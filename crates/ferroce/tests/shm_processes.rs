@@ -1,0 +1,925 @@
+//! The shared-memory provider between real processes (issue #5).
+//!
+//! Peers are separate processes made by re-executing this test binary on one of the `child_*`
+//! tests (`--exact child_target --nocapture --test-threads=1`) with [`CHILD_ENV`] naming the
+//! role and more variables carrying the parameters; without [`CHILD_ENV`] those tests return at
+//! once, so a normal run only executes the scenarios. The parent always binds the `cm` listener
+//! and hands its address to the child: which side opens the TCP connection has nothing to do
+//! with which side is the RDMA target.
+//!
+//! What the scenarios prove:
+//! - one-sided WRITE, READ and FETCH_ADD need no code in the target process at all: the target
+//!   is stopped with SIGSTOP for 30,000 verified operations, and the parent reads the stopped
+//!   process's memory through `/proc/PID/mem` to see every byte landed there;
+//! - two initiator processes hammering one counter lose and repeat no increment;
+//! - a peer process that dies takes its QP to ERR with flushed completions within seconds, and
+//!   the survivor's other QPs carry on;
+//! - every refused request (foreign protection domain, out of bounds, missing rights,
+//!   misaligned atomic, atomics the QP does not serve) gets the same IBTA status over shared
+//!   memory as over UDP, leaves the initiator in ERR and does not touch a byte.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferroce::cm::{self, Listener, RemoteRegion};
+use ferroce::{
+    device_by_name, Access, CompletionQueue, ConnectOptions, Context, ContextOptions, MemoryRegion,
+    ProtectionDomain, Provider, Psn, QpCaps, QpInitAttr, QpState, QueuePair, SendOp, SendWr,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+
+/// Names the role of a child process; absent in the parent.
+const CHILD_ENV: &str = "FERROCE_SHM_CHILD";
+/// The parent's `cm` listener, for the child to connect to.
+const CM_ENV: &str = "FERROCE_SHM_CM";
+/// Bytes of the target child's region.
+const LEN_ENV: &str = "FERROCE_SHM_LEN";
+/// The value the target child stores in its region's first word, or the counter's value the
+/// initiator children start from.
+const BASE_ENV: &str = "FERROCE_SHM_BASE";
+/// FETCH_ADDs an initiator child does.
+const ITERS_ENV: &str = "FERROCE_SHM_ITERS";
+/// FETCH_ADDs all initiators do together (the range the originals must lie in).
+const TOTAL_ENV: &str = "FERROCE_SHM_TOTAL";
+/// How an initiator child reports its figures on stdout.
+const RESULT_TAG: &str = "FERROCE_SHM_RESULT";
+
+/// Bound on any single exchange or completion: generous, a failure is a hang, not slowness.
+const T: Duration = Duration::from_secs(20);
+
+fn loopback() -> SocketAddr {
+    (Ipv4Addr::LOCALHOST, 0).into()
+}
+
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+}
+
+/// A context on loopback (its own UDP port) with one protection domain and one CQ.
+fn side(provider: Provider) -> Side {
+    let ctx = device_by_name("lo")
+        .unwrap()
+        .open(&ContextOptions {
+            capture: None,
+            provider,
+            ..ContextOptions::with_port(0)
+        })
+        .unwrap();
+    assert_eq!(ctx.provider(), provider);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None).unwrap();
+    Side { ctx, pd, cq }
+}
+
+fn new_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> QueuePair {
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..QpCaps::default()
+    };
+    pd.create_qp(&QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        caps,
+        srq: None,
+    })
+    .unwrap()
+}
+
+/// A first PSN that differs per QP and is not 0, so PSN mix-ups show.
+fn psn_of(qpn: u32) -> Psn {
+    Psn::new(qpn.wrapping_mul(2_654_435_761).wrapping_add(77) & 0x00ff_ffff)
+}
+
+fn region_of(mr: &MemoryRegion) -> RemoteRegion {
+    RemoteRegion {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        len: mr.len() as u64,
+    }
+}
+
+fn options() -> ConnectOptions {
+    ConnectOptions {
+        min_rnr_timer: 1,
+        ..ConnectOptions::default()
+    }
+}
+
+/// `len` bytes that differ from one `seed` to the next and along the buffer.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// The next completion (polled first, waited for only when none is there yet); checks it is
+/// the successful completion of `wr_id` with `opcode` on `qp`.
+fn expect_success(
+    cq: &CompletionQueue,
+    qp: &QueuePair,
+    wr_id: u64,
+    opcode: WcOpcode,
+) -> WorkCompletion {
+    let wc = match cq.poll_one().unwrap() {
+        Some(wc) => wc,
+        None => {
+            let got = cq.wait(1, T).unwrap();
+            assert_eq!(got.len(), 1, "no completion for wr {wr_id} within {T:?}");
+            got[0]
+        }
+    };
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.qp_num),
+        (wr_id, WcStatus::Success, opcode, qp.qpn()),
+        "completion of wr {wr_id}"
+    );
+    wc
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child started without {name}"))
+}
+
+// ---- child processes -------------------------------------------------------------------------
+
+/// A child process running one of the `child_*` tests; killed and reaped on drop whatever
+/// happened (continued first, in case the test stopped it).
+struct Peer {
+    child: Child,
+    /// Held open: the target child waits for its end.
+    stdin: Option<ChildStdin>,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+    reaped: bool,
+}
+
+fn collect(r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        for line in BufReader::new(r).lines() {
+            match line {
+                Ok(l) => {
+                    s.push_str(&l);
+                    s.push('\n');
+                }
+                Err(_) => break,
+            }
+        }
+        s
+    })
+}
+
+impl Peer {
+    fn spawn(test: &str, role: &str, vars: &[(&str, String)]) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = Command::new(exe);
+        cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().map(collect);
+        let stderr = child.stderr.take().map(collect);
+        Peer {
+            child,
+            stdin,
+            stdout,
+            stderr,
+            reaped: false,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child, which is not reaped yet (so its pid is not reused).
+        let r = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(
+            r,
+            0,
+            "kill({}, {sig}): {}",
+            self.pid(),
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Waits up to `limit` for the child to exit; returns its status and its stdout and
+    /// stderr. Kills it (and fails) if it does not exit in time.
+    fn wait(&mut self, limit: Duration) -> (ExitStatus, String, String) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let timed_out = status.is_none();
+        let status = match status {
+            Some(st) => st,
+            None => {
+                self.signal(libc::SIGKILL);
+                self.child.wait().unwrap()
+            }
+        };
+        self.reaped = true;
+        self.stdin = None;
+        let out = self
+            .stdout
+            .take()
+            .map(|h| h.join().unwrap())
+            .unwrap_or_default();
+        let err = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap())
+            .unwrap_or_default();
+        assert!(
+            !timed_out,
+            "child {} did not exit within {limit:?}\nstdout:\n{out}\nstderr:\n{err}",
+            self.pid()
+        );
+        (status, out, err)
+    }
+
+    /// SIGKILLs the child and reaps it; checks it died of that signal.
+    fn kill(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.signal(libc::SIGKILL);
+        let (status, out, err) = self.wait(T);
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "child ended otherwise: {status:?}\nstdout:\n{out}\nstderr:\n{err}"
+        );
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // SAFETY: kill(2) on our own child, not reaped yet.
+            unsafe {
+                libc::kill(self.pid(), libc::SIGCONT);
+                libc::kill(self.pid(), libc::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The scheduler state letter of every thread of `pid` (`T` = stopped).
+fn thread_states(pid: i32) -> Vec<(String, char)> {
+    let mut v = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let entry = entry.unwrap();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap();
+        // "tid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ')'.
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        let state = after.trim_start().chars().next().unwrap();
+        v.push((entry.file_name().to_string_lossy().into_owned(), state));
+    }
+    v
+}
+
+fn all_stopped(pid: i32) -> bool {
+    let s = thread_states(pid);
+    !s.is_empty() && s.iter().all(|&(_, c)| c == 'T')
+}
+
+/// Sends SIGSTOP and waits until every thread of the child (the engine thread too) is stopped.
+fn stop(peer: &Peer) {
+    peer.signal(libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !all_stopped(peer.pid()) {
+        assert!(
+            Instant::now() < deadline,
+            "child not stopped: {:?}",
+            thread_states(peer.pid())
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Reads another process's memory, independently of ferroce.
+fn read_process_memory(pid: i32, addr: u64, len: usize) -> Vec<u8> {
+    let f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, addr).unwrap();
+    buf
+}
+
+/// The target role: a region with every remote right whose first word holds [`BASE_ENV`],
+/// advertised on one QP connected to the parent; then no ferroce call at all until the parent
+/// kills the process (or closes stdin).
+#[test]
+fn child_target() {
+    if std::env::var(CHILD_ENV).as_deref() != Ok("target") {
+        return;
+    }
+    let cm_addr: SocketAddr = env(CM_ENV).parse().unwrap();
+    let len: usize = env(LEN_ENV).parse().unwrap();
+    let base: u64 = env(BASE_ENV).parse().unwrap();
+    let s = side(Provider::Shm);
+    let rights = Access::LOCAL_WRITE
+        .with(Access::REMOTE_WRITE)
+        .with(Access::REMOTE_READ)
+        .with(Access::REMOTE_ATOMIC);
+    let mr = s.pd.alloc_mr(len, rights).unwrap();
+    mr.write_u64(0, base).unwrap();
+    let qp = new_qp(&s.pd, &s.cq);
+    let local = qp.endpoint_info(psn_of(qp.qpn()), Some(region_of(&mr)));
+    let mut conn = cm::connect(cm_addr, &local, T).unwrap();
+    qp.connect(&local, &conn.peer, &options()).unwrap();
+    conn.sync(T).unwrap();
+    // No receive is ever posted: a SEND to this QP waits on RNR for as long as it lives.
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop((qp, mr, s));
+}
+
+/// The initiator role: [`ITERS_ENV`] FETCH_ADDs of 1 on the parent's first word, one at a time,
+/// checking each completion and that the originals it sees strictly increase; prints
+/// [`RESULT_TAG`] with the count, sum and sum of squares of the originals (less the base) and
+/// the loop's duration.
+#[test]
+fn child_initiator() {
+    if std::env::var(CHILD_ENV).as_deref() != Ok("initiator") {
+        return;
+    }
+    let cm_addr: SocketAddr = env(CM_ENV).parse().unwrap();
+    let iters: u64 = env(ITERS_ENV).parse().unwrap();
+    let total: u64 = env(TOTAL_ENV).parse().unwrap();
+    let base: u64 = env(BASE_ENV).parse().unwrap();
+    let s = side(Provider::Shm);
+    let result = s.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    let sge = result.sge(0, 8).unwrap();
+    let qp = new_qp(&s.pd, &s.cq);
+    let local = qp.endpoint_info(psn_of(qp.qpn()), None);
+    let mut conn = cm::connect(cm_addr, &local, T).unwrap();
+    qp.connect(&local, &conn.peer, &options()).unwrap();
+    conn.sync(T).unwrap();
+    assert_eq!(qp.provider(), Provider::Shm);
+    let remote = conn.peer.region.expect("the parent advertised no region");
+    // The start signal: both initiators begin together.
+    conn.sync(T).unwrap();
+    let start = Instant::now();
+    let (mut sum, mut sum_sq) = (0u128, 0u128);
+    let mut prev: Option<u64> = None;
+    for i in 0..iters {
+        qp.post_send(
+            SendWr::new(i, SendOp::FetchAdd { add: 1 }, vec![sge]).remote(remote.addr, remote.rkey),
+        )
+        .unwrap();
+        let mut spins = 0u32;
+        let wc = loop {
+            if let Some(wc) = s.cq.poll_one().unwrap() {
+                break wc;
+            }
+            spins += 1;
+            if spins % 4096 == 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(120),
+                    "FETCH_ADD {i} never completed"
+                );
+            }
+        };
+        assert!(
+            wc.wr_id == i && wc.status == WcStatus::Success && wc.opcode == WcOpcode::FetchAdd,
+            "completion of FETCH_ADD {i}: {wc:?}"
+        );
+        let old = result.read_u64(0).unwrap();
+        assert!(
+            old >= base && old - base < total && !matches!(prev, Some(p) if old <= p),
+            "FETCH_ADD {i} returned {old:#x} after {prev:x?} (base {base:#x})"
+        );
+        prev = Some(old);
+        let v = u128::from(old - base);
+        sum += v;
+        sum_sq += v * v;
+    }
+    let ns = start.elapsed().as_nanos();
+    println!("{RESULT_TAG} count={iters} sum={sum} sum_sq={sum_sq} ns={ns}");
+}
+
+// ---- scenarios -------------------------------------------------------------------------------
+
+/// 10,000 each of WRITE, READ and FETCH_ADD into a process that is stopped the whole time.
+#[test]
+fn one_sided_operations_reach_a_stopped_target() {
+    const ITERS: u64 = 10_000;
+    /// Slots of an odd size, so that writes start and end at every alignment and cross pages.
+    const SLOT: usize = 4100;
+    const SLOTS: usize = 16;
+    const LEN: usize = 8 + SLOTS * SLOT;
+    const BASE: u64 = 0x5eed_0000_0000_0000;
+    let listener = Listener::bind(loopback()).unwrap();
+    let mut target = Peer::spawn(
+        "child_target",
+        "target",
+        &[
+            (CM_ENV, listener.local_addr().to_string()),
+            (LEN_ENV, LEN.to_string()),
+            (BASE_ENV, BASE.to_string()),
+        ],
+    );
+    let s = side(Provider::Shm);
+    let qp = new_qp(&s.pd, &s.cq);
+    let local = qp.endpoint_info(psn_of(qp.qpn()), None);
+    let mut conn = listener.accept(&local, T).unwrap();
+    let remote = conn.peer.region.expect("the target advertised no region");
+    assert_eq!(remote.len, LEN as u64);
+    qp.connect(&local, &conn.peer, &options()).unwrap();
+    conn.sync(T).unwrap();
+    assert_eq!(qp.provider(), Provider::Shm);
+
+    stop(&target);
+    let src = s.pd.alloc_mr(SLOT, Access::LOCAL_WRITE).unwrap();
+    let dst = s.pd.alloc_mr(SLOT, Access::LOCAL_WRITE).unwrap();
+    let result = s.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    // What the target's region must hold: updated with every WRITE and FETCH_ADD.
+    let mut model = vec![0u8; LEN];
+    model[..8].copy_from_slice(&BASE.to_ne_bytes());
+    let started = Instant::now();
+    for i in 0..ITERS {
+        let at = 8 + (i as usize % SLOTS) * SLOT;
+        let len = 1 + (i as usize * 131) % SLOT;
+        let data = pattern(i, len);
+        let addr = remote.addr + at as u64;
+
+        src.write(0, &data).unwrap();
+        qp.post_send(
+            SendWr::new(3 * i, SendOp::Write, vec![src.sge(0, len).unwrap()])
+                .remote(addr, remote.rkey),
+        )
+        .unwrap();
+        expect_success(&s.cq, &qp, 3 * i, WcOpcode::RdmaWrite);
+        model[at..at + len].copy_from_slice(&data);
+
+        // Every byte of the destination differs from what the READ must bring.
+        let inverse: Vec<u8> = data.iter().map(|b| !b).collect();
+        dst.write(0, &inverse).unwrap();
+        qp.post_send(
+            SendWr::new(3 * i + 1, SendOp::Read, vec![dst.sge(0, len).unwrap()])
+                .remote(addr, remote.rkey),
+        )
+        .unwrap();
+        let wc = expect_success(&s.cq, &qp, 3 * i + 1, WcOpcode::RdmaRead);
+        assert_eq!(wc.byte_len as usize, len);
+        assert!(
+            dst.to_vec(0, len).unwrap() == data,
+            "READ {i} brought other bytes than WRITE {i} put"
+        );
+
+        result.write_u64(0, u64::MAX).unwrap();
+        qp.post_send(
+            SendWr::new(
+                3 * i + 2,
+                SendOp::FetchAdd { add: 1 },
+                vec![result.sge(0, 8).unwrap()],
+            )
+            .remote(remote.addr, remote.rkey),
+        )
+        .unwrap();
+        let wc = expect_success(&s.cq, &qp, 3 * i + 2, WcOpcode::FetchAdd);
+        assert_eq!(wc.byte_len, 8);
+        assert_eq!(
+            result.read_u64(0).unwrap(),
+            BASE + i,
+            "original of FETCH_ADD {i}"
+        );
+    }
+    let took = started.elapsed();
+    model[..8].copy_from_slice(&(BASE + ITERS).to_ne_bytes());
+    assert!(
+        all_stopped(target.pid()),
+        "the target ran meanwhile: {:?}",
+        thread_states(target.pid())
+    );
+    // The bytes are in the stopped process's own memory, at the address it advertised.
+    let seen = read_process_memory(target.pid(), remote.addr, LEN);
+    let first_diff = seen.iter().zip(&model).position(|(a, b)| a != b);
+    assert_eq!(
+        first_diff, None,
+        "the target's memory differs from the model"
+    );
+    assert!(all_stopped(target.pid()));
+    println!(
+        "{} WRITE + READ + FETCH_ADD into a stopped process: {took:?} ({:.2} us per operation)",
+        ITERS,
+        took.as_secs_f64() * 1e6 / (3 * ITERS) as f64
+    );
+    target.kill();
+}
+
+/// Two initiator processes, 1,000,000 FETCH_ADDs each on one counter of the parent's.
+#[test]
+fn two_initiator_processes_share_one_counter() {
+    const ITERS: u64 = 1_000_000;
+    const TOTAL: u64 = 2 * ITERS;
+    const BASE: u64 = 0x0123_4567_0000_0000;
+    let s = side(Provider::Shm);
+    let counter = s.pd.alloc_mr(4096, Access::ALL).unwrap();
+    counter.write_u64(0, BASE).unwrap();
+    let listeners = [
+        Listener::bind(loopback()).unwrap(),
+        Listener::bind(loopback()).unwrap(),
+    ];
+    let mut peers: Vec<Peer> = listeners
+        .iter()
+        .map(|l| {
+            Peer::spawn(
+                "child_initiator",
+                "initiator",
+                &[
+                    (CM_ENV, l.local_addr().to_string()),
+                    (ITERS_ENV, ITERS.to_string()),
+                    (TOTAL_ENV, TOTAL.to_string()),
+                    (BASE_ENV, BASE.to_string()),
+                ],
+            )
+        })
+        .collect();
+    let qps: Vec<QueuePair> = (0..2).map(|_| new_qp(&s.pd, &s.cq)).collect();
+    let mut conns = Vec::new();
+    for (qp, l) in qps.iter().zip(&listeners) {
+        let local = qp.endpoint_info(psn_of(qp.qpn()), Some(region_of(&counter)));
+        let mut conn = l.accept(&local, T).unwrap();
+        qp.connect(&local, &conn.peer, &options()).unwrap();
+        conn.sync(T).unwrap();
+        assert_eq!(qp.provider(), Provider::Shm);
+        conns.push(conn);
+    }
+    let started = Instant::now();
+    for c in &mut conns {
+        c.sync(T).unwrap();
+    }
+    let mut reports = Vec::new();
+    for p in &mut peers {
+        let (status, out, err) = p.wait(Duration::from_secs(120));
+        assert!(
+            status.success(),
+            "initiator failed: {status:?}\nstdout:\n{out}\nstderr:\n{err}"
+        );
+        let line = out
+            .lines()
+            .find_map(|l| l.find(RESULT_TAG).map(|at| &l[at..]))
+            .unwrap_or_else(|| panic!("no result line\nstdout:\n{out}\nstderr:\n{err}"))
+            .to_string();
+        let field = |name: &str| -> u128 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        reports.push((field("count"), field("sum"), field("sum_sq"), field("ns")));
+    }
+    let took = started.elapsed();
+    assert_eq!(counter.read_u64(0).unwrap(), BASE + TOTAL);
+    // Each child saw strictly increasing originals in 0..TOTAL (checked there); together they
+    // must have seen every value once: the sums of 0..TOTAL and of its squares.
+    let n = u128::from(TOTAL);
+    let count: u128 = reports.iter().map(|r| r.0).sum();
+    let sum: u128 = reports.iter().map(|r| r.1).sum();
+    let sum_sq: u128 = reports.iter().map(|r| r.2).sum();
+    assert_eq!(count, n);
+    assert_eq!(
+        sum,
+        n * (n - 1) / 2,
+        "some originals were seen twice, others never"
+    );
+    assert_eq!(
+        sum_sq,
+        (n - 1) * n * (2 * n - 1) / 6,
+        "some originals were seen twice, others never"
+    );
+    let rates: Vec<String> = reports
+        .iter()
+        .map(|r| format!("{:.0} ns/op", r.3 as f64 / r.0 as f64))
+        .collect();
+    println!(
+        "{TOTAL} FETCH_ADDs from two processes on one counter: {took:?} wall ({:.2} Mop/s), per initiator loop {}",
+        TOTAL as f64 / took.as_secs_f64() / 1e6,
+        rates.join(", ")
+    );
+}
+
+/// A peer process killed while a SEND waits on it: the QP to it fails fast, the QP to another
+/// live process keeps working.
+#[test]
+fn killed_peer_fails_its_qp_and_spares_the_others() {
+    const LEN: usize = 8192;
+    let listeners = [
+        Listener::bind(loopback()).unwrap(),
+        Listener::bind(loopback()).unwrap(),
+    ];
+    let mut peers: Vec<Peer> = listeners
+        .iter()
+        .map(|l| {
+            Peer::spawn(
+                "child_target",
+                "target",
+                &[
+                    (CM_ENV, l.local_addr().to_string()),
+                    (LEN_ENV, LEN.to_string()),
+                    (BASE_ENV, "0".to_string()),
+                ],
+            )
+        })
+        .collect();
+    let s = side(Provider::Shm);
+    let cqs = [
+        s.ctx.create_cq(64, None).unwrap(),
+        s.ctx.create_cq(64, None).unwrap(),
+    ];
+    let qps: Vec<QueuePair> = cqs.iter().map(|cq| new_qp(&s.pd, cq)).collect();
+    let mut remotes = Vec::new();
+    let mut conns = Vec::new();
+    for (qp, l) in qps.iter().zip(&listeners) {
+        let local = qp.endpoint_info(psn_of(qp.qpn()), None);
+        let mut conn = l.accept(&local, T).unwrap();
+        qp.connect(&local, &conn.peer, &options()).unwrap();
+        conn.sync(T).unwrap();
+        assert_eq!(qp.provider(), Provider::Shm);
+        remotes.push(conn.peer.region.unwrap());
+        conns.push(conn);
+    }
+    let (doomed, survivor) = (&qps[0], &qps[1]);
+    let buf = s.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
+    buf.write(0, &pattern(1, 64)).unwrap();
+    // A SEND the target never takes (it posted no receive), and a WRITE queued behind it.
+    doomed
+        .post_send(SendWr::new(1, SendOp::Send, vec![buf.sge(0, 64).unwrap()]))
+        .unwrap();
+    doomed
+        .post_send(
+            SendWr::new(2, SendOp::Write, vec![buf.sge(0, 64).unwrap()])
+                .remote(remotes[0].addr, remotes[0].rkey),
+        )
+        .unwrap();
+    // Wait until the target has answered "receiver not ready" a few times: the SEND is under
+    // way, not lost.
+    let deadline = Instant::now() + T;
+    while doomed.counters().rcvd_rnr_err < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "no RNR NAK: {:?}",
+            doomed.counters()
+        );
+        assert_eq!(
+            cqs[0].poll_one().unwrap(),
+            None,
+            "the SEND completed without a receive"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(doomed.state(), QpState::Rts);
+
+    let killed = Instant::now();
+    peers[0].kill();
+    let wcs = cqs[0].wait(2, Duration::from_secs(10)).unwrap();
+    let took = killed.elapsed();
+    let got: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::WorkRequestFlushed),
+            (2, WcStatus::WorkRequestFlushed)
+        ],
+        "completions {took:?} after the peer was killed"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the QP noticed the dead peer only after {took:?}"
+    );
+    assert_eq!(doomed.state(), QpState::Error);
+    // The target's memory was never written: the WRITE was behind the SEND.
+    println!("QP to a killed process flushed {took:?} after the kill");
+
+    // The other QP of the same context, to the live process, is untouched.
+    assert_eq!(survivor.state(), QpState::Rts);
+    let r = remotes[1];
+    let data = pattern(2, LEN);
+    buf.write(0, &data).unwrap();
+    survivor
+        .post_send(
+            SendWr::new(10, SendOp::Write, vec![buf.sge(0, LEN).unwrap()]).remote(r.addr, r.rkey),
+        )
+        .unwrap();
+    expect_success(&cqs[1], survivor, 10, WcOpcode::RdmaWrite);
+    buf.fill(0, LEN, 0).unwrap();
+    survivor
+        .post_send(
+            SendWr::new(11, SendOp::Read, vec![buf.sge(0, LEN).unwrap()]).remote(r.addr, r.rkey),
+        )
+        .unwrap();
+    expect_success(&cqs[1], survivor, 11, WcOpcode::RdmaRead);
+    assert!(
+        buf.to_vec(0, LEN).unwrap() == data,
+        "READ after the death brought other bytes"
+    );
+    assert!(read_process_memory(peers[1].pid(), r.addr, LEN) == data);
+    assert_eq!(survivor.state(), QpState::Rts);
+    peers[1].kill();
+}
+
+// ---- refused requests ------------------------------------------------------------------------
+
+/// A refused request and what to check it did not touch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Violation {
+    /// WRITE with the rkey of a region in another protection domain of the target.
+    ForeignDomain,
+    /// WRITE ending one byte past the region.
+    PastEnd,
+    /// WRITE to a region without REMOTE_WRITE.
+    NoRemoteWrite,
+    /// READ from a region without REMOTE_READ.
+    NoRemoteRead,
+    /// FETCH_ADD on an address that is not 8-aligned.
+    MisalignedAtomic,
+    /// FETCH_ADD through a target QP created without REMOTE_ATOMIC.
+    QpWithoutAtomic,
+}
+
+const VIOLATIONS: [Violation; 6] = [
+    Violation::ForeignDomain,
+    Violation::PastEnd,
+    Violation::NoRemoteWrite,
+    Violation::NoRemoteRead,
+    Violation::MisalignedAtomic,
+    Violation::QpWithoutAtomic,
+];
+
+/// What a refused request led to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outcome {
+    status: WcStatus,
+    initiator: QpState,
+    target: QpState,
+}
+
+/// Connects a fresh QP pair between two contexts of this process; the target QP serves `access`.
+fn fresh_pair(a: &Side, b: &Side, access: Access) -> (QueuePair, QueuePair) {
+    let (qa, qb) = (new_qp(&a.pd, &a.cq), new_qp(&b.pd, &b.cq));
+    let la = qa.endpoint_info(psn_of(qa.qpn()), None);
+    let lb = qb.endpoint_info(psn_of(qb.qpn()), None);
+    qb.connect(
+        &lb,
+        &la,
+        &ConnectOptions {
+            access,
+            ..options()
+        },
+    )
+    .unwrap();
+    qa.connect(&la, &lb, &options()).unwrap();
+    (qa, qb)
+}
+
+const RLEN: usize = 3 * 4096;
+
+/// Runs `v` on a fresh QP pair from `a` to `b`, after a successful WRITE on the same QP that
+/// proves the pair works; checks the target's bytes and the initiator's result buffer did not
+/// change.
+fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
+    let provider = a.ctx.provider();
+    let all = Access::ALL;
+    let qp_access = match v {
+        Violation::QpWithoutAtomic => Access::REMOTE_READ.with(Access::REMOTE_WRITE),
+        _ => all,
+    };
+    let (qa, qb) = fresh_pair(a, b, qp_access);
+    assert_eq!((qa.provider(), qb.provider()), (provider, provider));
+    let other_pd = b.ctx.alloc_pd().unwrap();
+    let rights = match v {
+        Violation::NoRemoteWrite => Access::LOCAL_WRITE
+            .with(Access::REMOTE_READ)
+            .with(Access::REMOTE_ATOMIC),
+        Violation::NoRemoteRead => Access::LOCAL_WRITE
+            .with(Access::REMOTE_WRITE)
+            .with(Access::REMOTE_ATOMIC),
+        _ => all,
+    };
+    let target = match v {
+        Violation::ForeignDomain => other_pd.alloc_mr(RLEN, all).unwrap(),
+        _ => b.pd.alloc_mr(RLEN, rights).unwrap(),
+    };
+    let control = b.pd.alloc_mr(64, all).unwrap();
+    let canary = pattern(0xca4a, RLEN);
+    target.write(0, &canary).unwrap();
+    let local = a.pd.alloc_mr(RLEN, Access::LOCAL_WRITE).unwrap();
+    let payload = pattern(7, RLEN);
+    local.write(0, &payload).unwrap();
+
+    qa.post_send(
+        SendWr::new(1, SendOp::Write, vec![local.sge(0, 64).unwrap()])
+            .remote(control.addr(), control.rkey()),
+    )
+    .unwrap();
+    expect_success(&a.cq, &qa, 1, WcOpcode::RdmaWrite);
+    assert_eq!(control.to_vec(0, 64).unwrap(), payload[..64]);
+
+    let mid = target.addr() + 4096;
+    let wr = match v {
+        Violation::ForeignDomain | Violation::NoRemoteWrite => {
+            SendWr::new(2, SendOp::Write, vec![local.sge(0, 64).unwrap()])
+                .remote(mid, target.rkey())
+        }
+        Violation::PastEnd => SendWr::new(2, SendOp::Write, vec![local.sge(0, 64).unwrap()])
+            .remote(target.addr() + RLEN as u64 - 63, target.rkey()),
+        Violation::NoRemoteRead => {
+            SendWr::new(2, SendOp::Read, vec![local.sge(0, 64).unwrap()]).remote(mid, target.rkey())
+        }
+        Violation::MisalignedAtomic => SendWr::new(
+            2,
+            SendOp::FetchAdd { add: 1 },
+            vec![local.sge(0, 8).unwrap()],
+        )
+        .remote(mid + 4, target.rkey()),
+        Violation::QpWithoutAtomic => SendWr::new(
+            2,
+            SendOp::FetchAdd { add: 1 },
+            vec![local.sge(0, 8).unwrap()],
+        )
+        .remote(mid, target.rkey()),
+    };
+    qa.post_send(wr).unwrap();
+    let wcs = a.cq.wait(1, T).unwrap();
+    assert_eq!(wcs.len(), 1, "{provider}: {v:?} never completed");
+    let wc = wcs[0];
+    assert_eq!((wc.wr_id, wc.qp_num), (2, qa.qpn()), "{provider}: {v:?}");
+    assert!(
+        matches!(
+            wc.status,
+            WcStatus::RemoteAccessError | WcStatus::RemoteInvalidRequestError
+        ),
+        "{provider}: {v:?} completed with {:?}",
+        wc.status
+    );
+    // The target's responder refused it: its QP leaves RTS too, as soon as it has answered.
+    let deadline = Instant::now() + T;
+    while qb.state() == QpState::Rts && Instant::now() < deadline {
+        b.ctx.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        target.to_vec(0, RLEN).unwrap() == canary,
+        "{provider}: {v:?} changed the target's bytes"
+    );
+    assert!(
+        local.to_vec(0, RLEN).unwrap() == payload,
+        "{provider}: {v:?} wrote into the initiator's buffer"
+    );
+    assert_eq!(control.to_vec(0, 64).unwrap(), payload[..64]);
+    let outcome = Outcome {
+        status: wc.status,
+        initiator: qa.state(),
+        target: qb.state(),
+    };
+    assert_eq!(outcome.initiator, QpState::Error, "{provider}: {v:?}");
+    assert!(
+        a.cq.poll_one().unwrap().is_none(),
+        "{provider}: {v:?}: a stray completion"
+    );
+    outcome
+}
+
+/// Every refused request gets the same status over shared memory as over UDP.
+#[test]
+fn refused_requests_fail_alike_over_shm_and_udp() {
+    let udp = (side(Provider::Udp), side(Provider::Udp));
+    let shm = (side(Provider::Shm), side(Provider::Shm));
+    let mut report = Vec::new();
+    for v in VIOLATIONS {
+        let over_udp = violate(&udp.0, &udp.1, v);
+        let over_shm = violate(&shm.0, &shm.1, v);
+        assert_eq!(over_shm, over_udp, "{v:?}: shm differs from udp");
+        report.push(format!("{v:?}: {over_udp:?}"));
+    }
+    println!("{}", report.join("; "));
+}
