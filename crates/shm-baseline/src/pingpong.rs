@@ -156,10 +156,11 @@ fn spin_until(
 ) -> Result<(), String> {
     let mut polls = 0u32;
     while word.load(Ordering::Acquire) != want {
-        // PAUSE is not politeness here: without it this loop measured 5x slower round trips on
-        // the 2-vCPU KVM guest (the spinning core floods the line with loads and pays a
-        // memory-order flush each time the value changes), so leaving it out would make the
-        // floor a fiction.
+        // PAUSE is not only politeness: on the 2-vCPU KVM guest, builds with and without it
+        // run alternately six times gave round trips without it that were never faster and
+        // often several times slower (a spinner without PAUSE competes for the core with its
+        // SMT sibling, which may be the other vCPU, and pays a memory-order flush when the
+        // value finally changes). Leaving it out would make the floor worse, not purer.
         std::hint::spin_loop();
         polls = polls.wrapping_add(1);
         if polls % POLLS_PER_YIELD == 0 {
