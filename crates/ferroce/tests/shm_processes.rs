@@ -46,6 +46,9 @@ const BASE_ENV: &str = "FERROCE_SHM_BASE";
 const ITERS_ENV: &str = "FERROCE_SHM_ITERS";
 /// FETCH_ADDs all initiators do together (the range the originals must lie in).
 const TOTAL_ENV: &str = "FERROCE_SHM_TOTAL";
+/// Set for a target child that stops itself (SIGSTOP) right after its QP reached RTS, instead
+/// of a second `cm` sync.
+const STOP_AFTER_RTR_ENV: &str = "FERROCE_SHM_STOP_AFTER_RTR";
 /// How an initiator child reports its figures on stdout.
 const RESULT_TAG: &str = "FERROCE_SHM_RESULT";
 
@@ -353,8 +356,20 @@ fn child_target() {
     let qp = new_qp(&s.pd, &s.cq);
     let local = qp.endpoint_info(psn_of(qp.qpn()), Some(region_of(&mr)));
     let mut conn = cm::connect(cm_addr, &local, T).unwrap();
+    let stop_after_rtr = std::env::var_os(STOP_AFTER_RTR_ENV).is_some();
+    if stop_after_rtr {
+        // The parent's QP reaches RTR first, so that this QP's hello arrives while the
+        // parent's is already out.
+        conn.sync(T).unwrap();
+    }
     qp.connect(&local, &conn.peer, &options()).unwrap();
-    conn.sync(T).unwrap();
+    if stop_after_rtr {
+        // SAFETY: raise(3) with a valid signal number; the process continues when the parent
+        // sends SIGCONT (or dies of its SIGKILL).
+        unsafe { libc::raise(libc::SIGSTOP) };
+    } else {
+        conn.sync(T).unwrap();
+    }
     // No receive is ever posted: a SEND to this QP waits on RNR for as long as it lives.
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
@@ -532,6 +547,79 @@ fn one_sided_operations_reach_a_stopped_target() {
         ITERS,
         took.as_secs_f64() * 1e6 / (3 * ITERS) as f64
     );
+    target.kill();
+}
+
+/// The receive queue of the UDP socket bound to `port` on loopback (bytes waiting), from
+/// `/proc/net/udp`: where a packet that should have gone through shared memory shows up.
+fn udp_rx_queue(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&local.as_str()))
+            .then(|| u64::from_str_radix(f.get(4)?.split(':').nth(1)?, 16).ok())
+            .flatten()
+    })
+}
+
+/// Regression (issue #5): a QP at RTS whose peer is at RTS too (its hello sent) must do
+/// one-sided operations itself, even when its own engine has not looked at the peer's hello
+/// yet. Here the application polled its CQ just before (which keeps the engine thread out of
+/// the way for a few milliseconds), the peer reached RTS, stopped itself, and the WRITE is
+/// posted at once: it must complete without the stopped peer's help.
+#[test]
+fn write_right_after_the_peer_reached_rts_needs_no_peer_code() {
+    const LEN: usize = 4096;
+    let listener = Listener::bind(loopback()).unwrap();
+    let mut target = Peer::spawn(
+        "child_target",
+        "target",
+        &[
+            (CM_ENV, listener.local_addr().to_string()),
+            (LEN_ENV, LEN.to_string()),
+            (BASE_ENV, "0".to_string()),
+            (STOP_AFTER_RTR_ENV, "1".to_string()),
+        ],
+    );
+    let s = side(Provider::Shm);
+    let qp = new_qp(&s.pd, &s.cq);
+    let src = s.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(3, LEN);
+    src.write(0, &data).unwrap();
+    let local = qp.endpoint_info(psn_of(qp.qpn()), None);
+    let mut conn = listener.accept(&local, T).unwrap();
+    let remote = conn.peer.region.unwrap();
+    qp.connect(&local, &conn.peer, &options()).unwrap();
+    assert_eq!(s.cq.poll_one().unwrap(), None);
+    conn.sync(T).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !all_stopped(target.pid()) {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            thread_states(target.pid())
+        );
+        std::hint::spin_loop();
+    }
+    assert_eq!(qp.provider(), Provider::Shm);
+    let sent_before = s.ctx.counters().tx_packets;
+    qp.post_send(
+        SendWr::new(1, SendOp::Write, vec![src.sge(0, LEN).unwrap()])
+            .remote(remote.addr, remote.rkey),
+    )
+    .unwrap();
+    let wcs = s.cq.wait(1, T).unwrap();
+    let status = wcs.first().map(|w| w.status);
+    assert_eq!(
+        status,
+        Some(WcStatus::Success),
+        "WRITE to a stopped peer right after connecting: the initiator sent {} packets (the \
+         direct path sends none); the stopped peer's UDP socket holds {:?} bytes",
+        s.ctx.counters().tx_packets - sent_before,
+        udp_rx_queue(conn.peer.udp_port)
+    );
+    assert!(read_process_memory(target.pid(), remote.addr, LEN) == data);
     target.kill();
 }
 
