@@ -110,6 +110,8 @@ pub(crate) struct EngineState {
     next_deadline: Option<Instant>,
     /// Where a packet from a shared-memory ring is copied to be handled.
     shm_rx: Vec<u8>,
+    /// When the UDP socket was last read (ns on the context clock).
+    udp_polled: u64,
 }
 
 impl std::fmt::Debug for EngineState {
@@ -131,6 +133,7 @@ impl EngineState {
             wcs: Vec::new(),
             next_deadline: None,
             shm_rx: vec![0u8; MAX_DATAGRAM],
+            udp_polled: 0,
         }
     }
 }
@@ -171,6 +174,9 @@ impl ContextShared {
     }
 }
 
+/// How often the UDP socket is read while every QP of the context is linked over shared memory.
+const SHM_ONLY_UDP_POLL: Duration = Duration::from_micros(100);
+
 /// Most receive batches one engine pass takes before it serves the QPs.
 const MAX_RECV_BATCHES_PER_PASS: usize = 16;
 
@@ -179,9 +185,21 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
     let now = shared.now();
     let mut did = false;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
+    // When every QP is linked over shared memory, the socket carries only strays: look at it
+    // every SHM_ONLY_UDP_POLL, not in every pass (each look is a system call, paid in every
+    // empty CQ poll of a busy-polling application).
+    let udp_due = st.qps.is_empty()
+        || st.qps.iter().any(|q| q.shm_linked().is_none())
+        || now.as_nanos().saturating_sub(st.udp_polled) >= SHM_ONLY_UDP_POLL.as_nanos() as u64;
+    let batches = if udp_due {
+        st.udp_polled = now.as_nanos();
+        MAX_RECV_BATCHES_PER_PASS
+    } else {
+        0
+    };
     // A flood (or a hostile sender) must not keep a pass receiving forever: after this many
     // batches the QPs get their turn (timers, sends, ACKs), and the next pass reads on.
-    for _batch in 0..MAX_RECV_BATCHES_PER_PASS {
+    for _batch in 0..batches {
         // A receive error on a UDP socket (an ICMP error from an earlier send) is not ours
         // to handle: the transport's retransmission covers whatever it cost.
         let n = st.rx.recv(fd).unwrap_or_default();
