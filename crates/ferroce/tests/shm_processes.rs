@@ -1011,3 +1011,75 @@ fn refused_requests_fail_alike_over_shm_and_udp() {
     }
     println!("{}", report.join("; "));
 }
+
+/// Completions of one send queue leave in posting order even when operations done directly in
+/// the peer's memory follow operations that took the packet path: a direct operation may only
+/// complete once every earlier request's completion is out (IBTA: an RC send queue completes in
+/// order). Every other WRITE goes to a region the target registered from its own memory (not a
+/// memfd, so the packet path), the rest to a memfd region (direct whenever the queue is idle);
+/// one thread posts as fast as the queue takes them, another polls.
+#[test]
+fn completions_keep_posting_order_when_direct_and_packet_operations_mix() {
+    const OPS: u64 = 20_000;
+    let (a, b) = (side(Provider::Shm), side(Provider::Shm));
+    let cq = a.ctx.create_cq(1 << 17, None).unwrap();
+    let qa = new_qp(&a.pd, &cq);
+    let qb = new_qp(&b.pd, &b.cq);
+    let la = qa.endpoint_info(psn_of(qa.qpn()), None);
+    let lb = qb.endpoint_info(psn_of(qb.qpn()), None);
+    qb.connect(&lb, &la, &options()).unwrap();
+    qa.connect(&la, &lb, &options()).unwrap();
+    let direct = b.pd.alloc_mr(4096, Access::ALL).unwrap();
+    let mut backing = vec![0u8; 4096];
+    let ptr = std::ptr::NonNull::new(backing.as_mut_ptr()).unwrap();
+    // SAFETY: `backing` is neither read nor written nor freed until `raw` is dropped below, and
+    // stays 4096 bytes long meanwhile.
+    let raw = unsafe { b.pd.register_raw(ptr, 4096, Access::ALL) }.unwrap();
+    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let sge = src.sge(0, 64).unwrap();
+    let inversions = std::thread::scope(|scope| {
+        let poller = scope.spawn(|| {
+            // (position in the CQ, wr_id found there) wherever they differ.
+            let mut next = 0u64;
+            let mut inversions = Vec::new();
+            let mut buf = vec![ferroce::empty_wc(); 64];
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while next < OPS && Instant::now() < deadline {
+                let n = cq.poll(&mut buf).unwrap();
+                for wc in &buf[..n] {
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                    if wc.wr_id != next && inversions.len() < 8 {
+                        inversions.push((next, wc.wr_id));
+                    }
+                    next += 1;
+                }
+            }
+            assert_eq!(next, OPS, "completions missing");
+            inversions
+        });
+        for i in 0..OPS {
+            let (addr, rkey) = if i % 2 == 0 {
+                (raw.addr(), raw.rkey())
+            } else {
+                (direct.addr(), direct.rkey())
+            };
+            loop {
+                match qa.post_send(SendWr::new(i, SendOp::Write, vec![sge]).remote(addr, rkey)) {
+                    Ok(()) => break,
+                    Err(ferroce::Error::Post(ferroce::PostError::QueueFull(_))) => {
+                        std::hint::spin_loop()
+                    }
+                    Err(e) => panic!("posting {i}: {e}"),
+                }
+            }
+        }
+        poller.join().unwrap()
+    });
+    drop(raw);
+    drop(backing);
+    assert_eq!(
+        inversions,
+        Vec::<(u64, u64)>::new(),
+        "(position, wr_id) where the send queue's completions left out of posting order"
+    );
+}
