@@ -835,6 +835,72 @@ fn killed_peer_fails_its_qp_and_spares_the_others() {
     peers[1].kill();
 }
 
+/// A peer process killed while the parent streams WRITEs done directly in its memory (nothing
+/// outstanding on the packet path): the stream ends in error completions within seconds, and
+/// the QP is in ERR.
+#[test]
+fn killed_peer_ends_a_stream_of_direct_writes() {
+    const LEN: usize = 4096;
+    let listener = Listener::bind(loopback()).unwrap();
+    let mut target = Peer::spawn(
+        "child_target",
+        "target",
+        &[
+            (CM_ENV, listener.local_addr().to_string()),
+            (LEN_ENV, LEN.to_string()),
+            (BASE_ENV, "0".to_string()),
+        ],
+    );
+    let s = side(Provider::Shm);
+    let qp = new_qp(&s.pd, &s.cq);
+    let local = qp.endpoint_info(psn_of(qp.qpn()), None);
+    let mut conn = listener.accept(&local, T).unwrap();
+    let remote = conn.peer.region.unwrap();
+    qp.connect(&local, &conn.peer, &options()).unwrap();
+    conn.sync(T).unwrap();
+    let src = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let sge = src.sge(0, 64).unwrap();
+    let write = |i: u64| {
+        qp.post_send(SendWr::new(i, SendOp::Write, vec![sge]).remote(remote.addr, remote.rkey))
+            .unwrap();
+        match s.cq.poll_one().unwrap() {
+            Some(wc) => wc,
+            None => s.cq.wait(1, T).unwrap()[0],
+        }
+    };
+    for i in 0..1000 {
+        let wc = write(i);
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+    }
+    let mut i = 1000;
+    let pid = target.pid();
+    // SAFETY: kill(2) on our own child, not reaped yet (`target` reaps it below).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    let failed = loop {
+        let wc = write(i);
+        assert_eq!(wc.wr_id, i);
+        if wc.status != WcStatus::Success {
+            break wc;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "{i} WRITEs still succeed {:?} after the peer was killed",
+            killed.elapsed()
+        );
+        i += 1;
+    };
+    let took = killed.elapsed();
+    assert_eq!(failed.status, WcStatus::WorkRequestFlushed);
+    assert_eq!(qp.state(), QpState::Error);
+    println!(
+        "stream of direct WRITEs to a killed process: failed {took:?} after the kill, {} WRITEs after it succeeded",
+        i - 1000
+    );
+    let (status, _, _) = target.wait(T);
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+}
+
 // ---- refused requests ------------------------------------------------------------------------
 
 /// A refused request and what to check it did not touch.
