@@ -63,7 +63,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.provider.map(Ok).unwrap_or_else(ferroce::Provider::from_env) {
+    match cli
+        .provider
+        .map(Ok)
+        .unwrap_or_else(ferroce::Provider::from_env)
+    {
         // Contexts read it when they open (ContextOptions::default); set before any thread.
         Ok(p) => std::env::set_var("FERROCE_PROVIDER", p.name()),
         Err(e) => {

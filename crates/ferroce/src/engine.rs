@@ -318,10 +318,12 @@ fn transmit_qp(
                 st.wcs.push(wc);
             }
             qp.publish_state(&q);
-        }
-        if !st.wcs.is_empty() {
-            did = true;
-            route_completions(qp, &mut st.wcs);
+            if !st.wcs.is_empty() {
+                did = true;
+                // Under the QP's lock: a same-host direct operation completes under it too,
+                // so completions reach the CQ in posting order.
+                route_completions(qp, &mut st.wcs);
+            }
         }
         let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
         {
@@ -461,7 +463,7 @@ fn shm_receive(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
             .get(&qpn)
             .cloned()
     };
-    let ev = host.poll(now.as_nanos(), &find);
+    let ev = host.poll(now.as_nanos(), false, &find);
     let mut did = ev.did;
     for qpn in ev.peers_gone {
         if let Some(qp) = find(qpn) {
@@ -504,7 +506,7 @@ fn shm_receive(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
 
 /// A linked peer went away (or broke the ring): the QP goes to ERR, flushing its work; the
 /// completions leave in this pass's transmit step.
-fn peer_gone(qp: &QpShared) {
+pub(crate) fn peer_gone(qp: &QpShared) {
     if let Some(s) = &qp.shm {
         s.linked.store(false, Ordering::Release);
         *s.lock() = crate::shm::Link::Broken;
@@ -563,7 +565,7 @@ fn send_all(
     Ok(sent)
 }
 
-fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
+pub(crate) fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
     let is_recv =
         |w: &WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
     if wcs.iter().all(|w| !is_recv(w)) {

@@ -244,7 +244,8 @@ impl QueuePair {
         self.with(|q| q.reset());
         *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(shm) = &self.shared.shm {
-            shm.linked.store(false, std::sync::atomic::Ordering::Release);
+            shm.linked
+                .store(false, std::sync::atomic::Ordering::Release);
             *shm.lock() = crate::shm::Link::Off;
         }
     }
@@ -278,13 +279,42 @@ impl QueuePair {
     /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
     /// queues it for the transport; returns whether it was queued (a doorbell is due).
     fn post_one(&self, wr: SendWr) -> Result<bool> {
-        if let Some(shm) = self.shared.shm_linked() {
-            let q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(wc) = crate::shm::direct::execute(&self.ctx.shared, shm, &q, &wr) {
-                drop(q);
-                if wr.flags.signaled {
-                    self.shared.send_cq.push(&[wc]);
+        if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
+            if matches!(*shm.lock(), crate::shm::Link::Pending { .. }) {
+                // The peer's hello is most likely waiting in the socket already (it left
+                // before the peer reported RTS): take it now rather than at the engine's next
+                // look, so the request goes straight to the peer's memory.
+                let shared = &self.ctx.shared;
+                let find = |qpn: u32| {
+                    shared
+                        .qps
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&qpn)
+                        .cloned()
+                };
+                let ev = host.poll(shared.now().as_nanos(), true, &find);
+                for qpn in ev.peers_gone {
+                    if let Some(qp) = find(qpn) {
+                        crate::engine::peer_gone(&qp);
+                    }
                 }
+            }
+        }
+        if let Some(shm) = self.shared.shm_linked() {
+            let mut q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(wc) = crate::shm::direct::execute(&self.ctx.shared, shm, &q, &wr) {
+                // Completions of earlier requests the transport finished but the engine has
+                // not delivered yet go first: the CQ sees posting order. All of it under the
+                // QP's lock, as the engine delivers.
+                let mut wcs = Vec::new();
+                while let Some(earlier) = q.poll_completion() {
+                    wcs.push(earlier);
+                }
+                if wr.flags.signaled {
+                    wcs.push(wc);
+                }
+                crate::engine::route_completions(&self.shared, &mut wcs);
                 return Ok(false);
             }
         }

@@ -22,12 +22,7 @@ struct Local {
     len: usize,
 }
 
-fn local_sges(
-    shared: &ContextShared,
-    pd: u32,
-    wr: &SendWr,
-    need: Access,
-) -> Option<Vec<Local>> {
+fn local_sges(shared: &ContextShared, pd: u32, wr: &SendWr, need: Access) -> Option<Vec<Local>> {
     wr.sgl
         .iter()
         .map(|sge| {

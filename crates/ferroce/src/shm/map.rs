@@ -78,7 +78,8 @@ impl SharedMap {
     /// code, so this works while it is stopped), and checks it is the file the owner published
     /// (`inode`): a descriptor number may have been closed and reused since.
     pub(crate) fn open_peer(pid: u32, fd: i32, inode: u64, len: usize) -> io::Result<SharedMap> {
-        let path = CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let path = CString::new(format!("/proc/{pid}/fd/{fd}"))
+            .map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: `path` is a live NUL-terminated string; the result is checked.
         let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if raw < 0 {
@@ -112,8 +113,8 @@ impl SharedMap {
             return Err(last_error("mapping shared memory"));
         }
         let inode = fstat(fd.as_raw_fd())?.st_ino;
-        let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(SharedMap {
             ptr,
             len: len.min(size),
@@ -145,7 +146,10 @@ impl SharedMap {
 
     /// The 64-bit atomic at byte `offset` (8-aligned, inside the mapping).
     pub(crate) fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len, "atomic outside a shared mapping");
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len,
+            "atomic outside a shared mapping"
+        );
         // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned); the
         // mapping lives as long as `self`, and AtomicU64 tolerates concurrent access from any
         // thread or process.
@@ -154,7 +158,10 @@ impl SharedMap {
 
     /// The 32-bit atomic at byte `offset` (4-aligned, inside the mapping).
     pub(crate) fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len, "atomic outside a shared mapping");
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.len,
+            "atomic outside a shared mapping"
+        );
         // SAFETY: as for `u64_at`.
         unsafe { AtomicU32::from_ptr(self.ptr().add(offset).cast()) }
     }

@@ -73,9 +73,7 @@ impl Provider {
     /// [`Provider::Auto`] when it is unset or empty.
     pub fn from_env() -> std::result::Result<Provider, String> {
         match std::env::var("FERROCE_PROVIDER") {
-            Ok(v) if !v.is_empty() => v
-                .parse()
-                .map_err(|e| format!("FERROCE_PROVIDER: {e}")),
+            Ok(v) if !v.is_empty() => v.parse().map_err(|e| format!("FERROCE_PROVIDER: {e}")),
             _ => Ok(Provider::Auto),
         }
     }
@@ -186,7 +184,10 @@ impl KeyTable {
 
     fn from_map(map: SharedMap) -> io::Result<KeyTable> {
         if map.len() < TABLE_LEN || map.u64_at(0).load(Ordering::Acquire) != TABLE_MAGIC {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a ferroce key table"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a ferroce key table",
+            ));
         }
         Ok(KeyTable { map })
     }
@@ -209,11 +210,17 @@ impl KeyTable {
         std::sync::atomic::fence(Ordering::Release);
         self.map.u32_at(s + S_KEY).store(r.key, Ordering::Relaxed);
         self.map.u32_at(s + S_PD).store(r.pd, Ordering::Relaxed);
-        self.map.u32_at(s + S_ACCESS).store(r.access.bits(), Ordering::Relaxed);
+        self.map
+            .u32_at(s + S_ACCESS)
+            .store(r.access.bits(), Ordering::Relaxed);
         self.map.u64_at(s + S_ADDR).store(r.addr, Ordering::Relaxed);
         self.map.u64_at(s + S_LEN).store(r.len, Ordering::Relaxed);
-        self.map.u32_at(s + S_FD).store(r.fd as u32, Ordering::Relaxed);
-        self.map.u64_at(s + S_INODE).store(r.inode, Ordering::Relaxed);
+        self.map
+            .u32_at(s + S_FD)
+            .store(r.fd as u32, Ordering::Relaxed);
+        self.map
+            .u64_at(s + S_INODE)
+            .store(r.inode, Ordering::Relaxed);
         seq.store(start + 1, Ordering::Release);
     }
 
@@ -291,7 +298,10 @@ impl QpPage {
 
     fn from_map(map: SharedMap) -> io::Result<QpPage> {
         if map.len() < PAGE_LEN || map.u64_at(0).load(Ordering::Acquire) != PAGE_MAGIC {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a ferroce QP page"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a ferroce QP page",
+            ));
         }
         Ok(QpPage { map })
     }
@@ -631,11 +641,12 @@ impl ShmHost {
     pub(crate) fn poll(
         &self,
         now_ns: u64,
+        force: bool,
         find: &dyn Fn(u32) -> Option<Arc<crate::qp::QpShared>>,
     ) -> HostEvents {
         let mut ev = HostEvents::default();
         let last = self.last_poll.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(last) < HOST_POLL_EVERY_NS && last != 0 {
+        if !force && now_ns.saturating_sub(last) < HOST_POLL_EVERY_NS && last != 0 {
             return ev;
         }
         self.last_poll.store(now_ns.max(1), Ordering::Relaxed);
@@ -808,7 +819,8 @@ impl PeerLink {
         let map = match cached {
             Some(m) => m,
             None => {
-                let m = Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?);
+                let m =
+                    Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?);
                 if self.regions.len() > 4096 {
                     self.regions.clear();
                 }

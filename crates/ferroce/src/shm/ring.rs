@@ -116,7 +116,10 @@ impl Ring {
         // SAFETY: `has_room` showed `need` free bytes at `at` (after the wrap), inside the ring;
         // the consumer does not read them before `head` is published below.
         unsafe {
-            self.data.add(at).cast::<u32>().write_volatile(pkt.len() as u32);
+            self.data
+                .add(at)
+                .cast::<u32>()
+                .write_volatile(pkt.len() as u32);
             std::ptr::copy_nonoverlapping(pkt.as_ptr(), self.data.add(at + HEADER), pkt.len());
         }
         self.head().store(head + need as u64, Ordering::Release);
@@ -194,13 +197,19 @@ mod tests {
             if round % 3 == 0 {
                 while let Some(n) = r.pop(&mut out).unwrap() {
                     assert_eq!(n, lens.pop_front().unwrap());
-                    assert!(out[..n].iter().enumerate().all(|(i, &b)| b == (i as u32 ^ next_out) as u8));
+                    assert!(out[..n]
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &b)| b == (i as u32 ^ next_out) as u8));
                     next_out += 1;
                 }
             }
         }
         while let Some(n) = r.pop(&mut out).unwrap() {
-            assert!(out[..n].iter().enumerate().all(|(i, &b)| b == (i as u32 ^ next_out) as u8));
+            assert!(out[..n]
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == (i as u32 ^ next_out) as u8));
             next_out += 1;
         }
         assert_eq!(next_in, next_out);
