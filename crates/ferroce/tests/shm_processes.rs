@@ -10,13 +10,17 @@
 //! What the scenarios prove:
 //! - one-sided WRITE, READ and FETCH_ADD need no code in the target process at all: the target
 //!   is stopped with SIGSTOP for 30,000 verified operations, and the parent reads the stopped
-//!   process's memory through `/proc/PID/mem` to see every byte landed there;
+//!   process's memory through `/proc/PID/mem` to see every byte landed there; that holds from
+//!   the first request after the peer reported RTS;
 //! - two initiator processes hammering one counter lose and repeat no increment;
-//! - a peer process that dies takes its QP to ERR with flushed completions within seconds, and
+//! - a peer process that dies takes its QP to ERR with flushed completions within milliseconds,
+//!   whether a SEND was waiting on it or WRITEs were streaming straight into its memory, and
 //!   the survivor's other QPs carry on;
 //! - every refused request (foreign protection domain, out of bounds, missing rights,
-//!   misaligned atomic, atomics the QP does not serve) gets the same IBTA status over shared
-//!   memory as over UDP, leaves the initiator in ERR and does not touch a byte.
+//!   misaligned atomic, atomics the QP does not serve, a stale key whose slot holds a new
+//!   region, a local buffer without LOCAL_WRITE) gets the same status over shared memory as
+//!   over UDP, leaves the initiator in ERR and does not touch a byte;
+//! - completions of one send queue keep posting order when direct and packet-path requests mix.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -918,15 +922,22 @@ enum Violation {
     MisalignedAtomic,
     /// FETCH_ADD through a target QP created without REMOTE_ATOMIC.
     QpWithoutAtomic,
+    /// WRITE with the rkey of a region the target deregistered after this QP wrote to it (so
+    /// the initiator has it mapped), aimed into a region the target registered since.
+    StaleKey,
+    /// READ into a local region without LOCAL_WRITE: the initiator's own fault.
+    LocalReadOnly,
 }
 
-const VIOLATIONS: [Violation; 6] = [
+const VIOLATIONS: [Violation; 8] = [
     Violation::ForeignDomain,
     Violation::PastEnd,
     Violation::NoRemoteWrite,
     Violation::NoRemoteRead,
     Violation::MisalignedAtomic,
     Violation::QpWithoutAtomic,
+    Violation::StaleKey,
+    Violation::LocalReadOnly,
 ];
 
 /// What a refused request led to.
@@ -979,6 +990,25 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
             .with(Access::REMOTE_ATOMIC),
         _ => all,
     };
+    let local_rights = match v {
+        Violation::LocalReadOnly => Access::NONE,
+        _ => Access::LOCAL_WRITE,
+    };
+    let local = a.pd.alloc_mr(RLEN, local_rights).unwrap();
+    let payload = pattern(7, RLEN);
+    local.write(0, &payload).unwrap();
+    let mut stale = None;
+    if v == Violation::StaleKey {
+        let old = b.pd.alloc_mr(RLEN, all).unwrap();
+        qa.post_send(
+            SendWr::new(0, SendOp::Write, vec![local.sge(0, 64).unwrap()])
+                .remote(old.addr() + 4096, old.rkey()),
+        )
+        .unwrap();
+        expect_success(&a.cq, &qa, 0, WcOpcode::RdmaWrite);
+        assert_eq!(old.to_vec(4096, 64).unwrap(), payload[..64]);
+        stale = Some((old.addr(), old.rkey()));
+    }
     let target = match v {
         Violation::ForeignDomain => other_pd.alloc_mr(RLEN, all).unwrap(),
         _ => b.pd.alloc_mr(RLEN, rights).unwrap(),
@@ -986,9 +1016,6 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
     let control = b.pd.alloc_mr(64, all).unwrap();
     let canary = pattern(0xca4a, RLEN);
     target.write(0, &canary).unwrap();
-    let local = a.pd.alloc_mr(RLEN, Access::LOCAL_WRITE).unwrap();
-    let payload = pattern(7, RLEN);
-    local.write(0, &payload).unwrap();
 
     qa.post_send(
         SendWr::new(1, SendOp::Write, vec![local.sge(0, 64).unwrap()])
@@ -1021,25 +1048,49 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
             vec![local.sge(0, 8).unwrap()],
         )
         .remote(mid, target.rkey()),
+        Violation::StaleKey => {
+            let (addr, rkey) = stale.unwrap();
+            // The old region's number is reused, only its key's generation differs.
+            assert_eq!(
+                rkey >> 8,
+                target.rkey() >> 8,
+                "{provider}: setup: the new region did not take the old one's slot"
+            );
+            assert_ne!(rkey, target.rkey());
+            SendWr::new(2, SendOp::Write, vec![local.sge(0, 64).unwrap()]).remote(addr + 4096, rkey)
+        }
+        Violation::LocalReadOnly => {
+            SendWr::new(2, SendOp::Read, vec![local.sge(0, 64).unwrap()]).remote(mid, target.rkey())
+        }
     };
     qa.post_send(wr).unwrap();
     let wcs = a.cq.wait(1, T).unwrap();
     assert_eq!(wcs.len(), 1, "{provider}: {v:?} never completed");
     let wc = wcs[0];
     assert_eq!((wc.wr_id, wc.qp_num), (2, qa.qpn()), "{provider}: {v:?}");
-    assert!(
-        matches!(
+    let remote_fault = v != Violation::LocalReadOnly;
+    if remote_fault {
+        assert!(
+            matches!(
+                wc.status,
+                WcStatus::RemoteAccessError | WcStatus::RemoteInvalidRequestError
+            ),
+            "{provider}: {v:?} completed with {:?}",
+            wc.status
+        );
+        // The target's responder refused it: its QP leaves RTS too, as soon as it has
+        // answered.
+        let deadline = Instant::now() + T;
+        while qb.state() == QpState::Rts && Instant::now() < deadline {
+            b.ctx.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    } else {
+        assert_eq!(
             wc.status,
-            WcStatus::RemoteAccessError | WcStatus::RemoteInvalidRequestError
-        ),
-        "{provider}: {v:?} completed with {:?}",
-        wc.status
-    );
-    // The target's responder refused it: its QP leaves RTS too, as soon as it has answered.
-    let deadline = Instant::now() + T;
-    while qb.state() == QpState::Rts && Instant::now() < deadline {
-        b.ctx.progress();
-        std::thread::sleep(Duration::from_millis(1));
+            WcStatus::LocalProtectionError,
+            "{provider}: {v:?}"
+        );
     }
     assert!(
         target.to_vec(0, RLEN).unwrap() == canary,
