@@ -15,6 +15,39 @@
 //! complete the request in error and move the QP to ERR.
 //!
 //! Completions leave in posting order: a request that is done waits until all before it are.
+//!
+//! # READ retries in pieces
+//! One READ request asks for a whole message, so a retry that asks for the whole rest (as rxe
+//! and the IBTA example do) escapes the loss window: the responder streams up to the full
+//! message at wire speed, a switch (or the chaos relay's socket buffer) drops most of it, and
+//! the restarted stream's first packets are lost behind the stale one — at 5% loss a 16 MiB
+//! READ saw ~80% effective loss. So a READ *retry* asks for one piece: from the first missing
+//! response PSN, at most the loss window's worth of MTU packets; when that piece's responses
+//! are all in, it asks for the next. The first transmission stays one request for the whole
+//! message, as rxe and perftest peers send it, so a clean path costs nothing; pieces begin only
+//! after a loss, which is exactly when the window says the path cannot take a full burst.
+//!
+//! A piece is a READ request of its own, valid for any responder, which treats it one of two
+//! ways: if it had executed the original (or an earlier piece covering it), the piece is a
+//! duplicate inside that READ's range and is answered exactly as asked (rxe: "the same as the
+//! previous one or a subset of it"); if not, the piece arrives at the expected PSN and is
+//! executed as a fresh, shorter READ, and the next piece then arrives at the new expected PSN.
+//! Three rules keep every piece answerable either way:
+//! * a piece starts at the first missing PSN, which only grows (rxe moves its resource's start
+//!   to each duplicate it serves and drops a request that starts before it);
+//! * a piece never ends past the end of an earlier request for this READ that its answers have
+//!   not reached (`read_ends`): the responder may have executed that one fresh, and its
+//!   resource ends there, so a longer duplicate would be dropped as not a subset of it, and
+//!   retried forever;
+//! * pieces begin only when no earlier READ or atomic still waits for its answer, and while a
+//!   piece is answered nothing after it is sent: each piece executed fresh takes a responder
+//!   resource, and responders keep only `max_dest_rd_atomic` of them (rxe recycles the oldest),
+//!   so a stream of pieces could push out the resource an earlier unanswered atomic needs for
+//!   its replay. Until then a retry asks for the whole rest (one resource, as before).
+//!
+//! The completer accepts a READ_RESPONSE_LAST/ONLY at the end of any piece, and a response
+//! for any PSN of the READ from any of its requests: the bytes at a response PSN are the same
+//! whichever request it answers.
 
 use std::collections::VecDeque;
 
@@ -43,6 +76,13 @@ pub const MAX_UNACKED_PSNS: u32 = 1024;
 pub const MIN_LOSS_WINDOW: u32 = 16;
 /// An ACK is requested at least every this many packets within a long message.
 pub const ACK_REQ_INTERVAL: u32 = 32;
+/// Most unreached piece ends a READ remembers; past it, a retry asks up to the nearest one.
+const MAX_READ_ENDS: usize = 32;
+/// Missing packets a READ retry piece reaches for, beyond the window if need be.
+const MIN_PIECE_HOLES: usize = 4;
+/// READ response packets kept beyond the first missing one: how far ahead of a gap the
+/// completer places responses that arrive out of order.
+pub const READ_AHEAD: u32 = 4096;
 
 #[derive(Debug)]
 struct SendWqe {
@@ -61,6 +101,18 @@ struct SendWqe {
     high_sent: u32,
     /// PSNs acknowledged (for READ: response packets received).
     acked: u32,
+    /// READ only: the ends (relative PSNs, decreasing) of the pieces asked for since the first
+    /// transmission that `acked` has not reached. A retry asks for no more than the last.
+    read_ends: Vec<u32>,
+    /// READ only: which response packets in `(acked, acked + READ_AHEAD)` were placed out of
+    /// order (a ring of bits indexed by packet number; allocated at the first gap).
+    ahead: Vec<u64>,
+    /// READ only: a retry of it has been sent.
+    retried: bool,
+    /// READ only: a response came while the first request was the only one sent, so the
+    /// responder executed that one and holds the whole range: every piece is a duplicate
+    /// inside it, and `read_ends` no longer binds.
+    original_answered: bool,
     result: Option<WcStatus>,
 }
 
@@ -70,6 +122,24 @@ impl SendWqe {
     }
     fn outstanding(&self) -> bool {
         self.started && self.result.is_none() && self.sent > self.acked
+    }
+    /// Whether READ response packet `k` (in `[acked, acked + READ_AHEAD)`) was placed ahead of
+    /// a gap.
+    fn has_ahead(&self, k: u32) -> bool {
+        let bit = k % READ_AHEAD;
+        k.wrapping_sub(self.acked) < READ_AHEAD
+            && self
+                .ahead
+                .get((bit / 64) as usize)
+                .is_some_and(|w| w & (1 << (bit % 64)) != 0)
+    }
+    /// Flips the mark of READ response packet `k` (in the window ahead of `acked`).
+    fn toggle_ahead(&mut self, k: u32) {
+        if self.ahead.is_empty() {
+            self.ahead = vec![0; (READ_AHEAD / 64) as usize];
+        }
+        let bit = k % READ_AHEAD;
+        self.ahead[(bit / 64) as usize] ^= 1 << (bit % 64);
     }
 }
 
@@ -140,6 +210,11 @@ pub(crate) struct Requester {
     loss_window: u32,
     /// `una` when the window last changed (growth counts PSNs acknowledged since).
     window_una: Psn,
+    /// After a READ's gap halved the window: the PSN a window past that gap. Further gaps in
+    /// READ answers halve it again only once `una` is there (and a timeout always does): the
+    /// completer keeps responses that arrive after a gap, so each gap costs a piece, not a
+    /// window, and random loss would otherwise hold the pieces at the minimum.
+    read_recover: Option<Psn>,
 }
 
 impl Requester {
@@ -170,6 +245,10 @@ impl Requester {
             sent: 0,
             high_sent: 0,
             acked: 0,
+            read_ends: Vec::new(),
+            ahead: Vec::new(),
+            retried: false,
+            original_answered: false,
             result: None,
         });
     }
@@ -262,11 +341,25 @@ impl Requester {
     /// Retries from `psn` after a sequence-error NAK, an implied NAK or a timeout. Returns
     /// `true` when the retry budget is spent (the request failed, the QP must go to ERR).
     fn retry(&mut self, counters: &mut Counters, psn: Psn) -> bool {
+        self.retry_after(counters, psn, false)
+    }
+
+    /// [`Self::retry`], after a local ACK timeout if `timed_out`.
+    fn retry_after(&mut self, counters: &mut Counters, psn: Psn, timed_out: bool) -> bool {
         if self.is_echo(psn) {
             return false;
         }
-        self.loss_window = (self.window() / 2).max(MIN_LOSS_WINDOW);
-        self.window_una = self.una;
+        let read = self
+            .sq
+            .iter()
+            .find(|w| w.result.is_none() && w.contains(psn))
+            .is_some_and(|w| w.wr.op == SendOp::Read);
+        let recovering = read && self.read_recover.is_some_and(|r| self.una.is_before(r));
+        if timed_out || !recovering {
+            self.loss_window = (self.window() / 2).max(MIN_LOSS_WINDOW);
+            self.window_una = self.una;
+            self.read_recover = read.then(|| psn.add(self.window()));
+        }
         if self.retry_left == 0 {
             counters.retry_exceeded_err += 1;
             self.fail_at(psn, WcStatus::TransportRetryExceeded);
@@ -486,6 +579,9 @@ impl Requester {
         payload: &[u8],
     ) {
         let psn = repr.bth.psn;
+        if !self.place_ahead(ctx, repr, payload) {
+            return;
+        }
         if !self.ack_before(ctx, now, psn) {
             return;
         }
@@ -497,55 +593,83 @@ impl Requester {
             ctx.counters.duplicate_response += 1;
             return;
         };
-        let mtu = u64::from(w.mtu);
         if w.wr.op != SendOp::Read {
             ctx.counters.duplicate_response += 1;
             return;
         }
-        let expected = w.first_psn.add(w.acked);
-        if psn != expected {
-            if psn.is_after(expected) {
-                // A gap: the responses before this one were lost. Rewind to the first missing.
-                if !self.is_echo(expected) {
-                    ctx.counters.implied_nak_seq_err += 1;
-                }
-                if self.retry(ctx.counters, expected) {
-                    ctx.fatal = true;
-                }
-            } else {
-                // A response this request already took.
-                ctx.counters.duplicate_response += 1;
-            }
-            return;
-        }
-        let k = u64::from(w.acked);
-        let offset = k * mtu;
-        let want = (w.len - offset.min(w.len)).min(mtu) as usize;
-        let remaining_pkts = w.npsn - w.acked;
-        let position = repr.bth.opcode.info().map(|i| i.position);
-        let position_ok = match position {
-            Some(Position::First) => remaining_pkts > 1,
-            Some(Position::Middle) => remaining_pkts > 1,
-            Some(Position::Last) => remaining_pkts == 1,
-            Some(Position::Only) => remaining_pkts == 1,
-            None => false,
-        };
-        if !position_ok || payload.len() != want {
+        let k = psn.distance_from(w.first_psn);
+        // ack_before took any later response as an implied NAK, so this one is at or before
+        // the first missing.
+        if k != w.acked || !read_response_fits(w, k, repr, payload) {
             ctx.counters.duplicate_response += 1;
             return;
         }
-        if let Err(()) = scatter(ctx.mem, ctx.p.pd, &w.wr, offset, payload) {
+        if let Err(()) = scatter(
+            ctx.mem,
+            ctx.p.pd,
+            &w.wr,
+            u64::from(k) * u64::from(w.mtu),
+            payload,
+        ) {
             w.result = Some(WcStatus::LocalProtectionError);
             ctx.fatal = true;
             return;
         }
+        w.original_answered |= !w.retried;
         w.acked += 1;
+        // Responses placed ahead of the gap this one filled.
+        while w.acked < w.npsn && w.has_ahead(w.acked) {
+            let a = w.acked;
+            w.toggle_ahead(a);
+            w.acked += 1;
+        }
         w.sent = w.sent.max(w.acked);
         if w.acked == w.npsn {
             w.result = Some(WcStatus::Success);
         }
-        self.una = psn.next();
+        self.una = w.first_psn.add(w.acked);
         self.progress(ctx.p, now);
+    }
+
+    /// Places a READ response that arrived after a gap (ahead of its READ's first missing
+    /// packet, within [`READ_AHEAD`]) into the local buffers right away: the bytes at a response
+    /// PSN are the same in every answer, so once the gap is filled the READ need not ask for
+    /// them again, and a piece of a retry that fills some holes is progress. Such new data
+    /// restores the retry budget (it is progress) but not the ACK timer (the gap still needs
+    /// filling). Returns `false` if the QP must stop (a local protection error).
+    fn place_ahead(&mut self, ctx: &mut Ctx<'_>, repr: &PacketRepr, payload: &[u8]) -> bool {
+        let psn = repr.bth.psn;
+        let Some(w) = self
+            .sq
+            .iter_mut()
+            .find(|w| w.result.is_none() && w.contains(psn))
+        else {
+            return true;
+        };
+        let k = psn.distance_from(w.first_psn);
+        if w.wr.op != SendOp::Read
+            || k <= w.acked
+            || k - w.acked >= READ_AHEAD
+            || w.has_ahead(k)
+            || !read_response_fits(w, k, repr, payload)
+        {
+            return true;
+        }
+        if let Err(()) = scatter(
+            ctx.mem,
+            ctx.p.pd,
+            &w.wr,
+            u64::from(k) * u64::from(w.mtu),
+            payload,
+        ) {
+            w.result = Some(WcStatus::LocalProtectionError);
+            ctx.fatal = true;
+            return false;
+        }
+        w.toggle_ahead(k);
+        w.original_answered |= !w.retried;
+        self.retry_left = ctx.p.retry_cnt;
+        true
     }
 
     /// Handles the ACK timer and the end of an RNR back-off. Returns `true` if the retry budget
@@ -563,7 +687,7 @@ impl Requester {
             let una = self.una;
             // A timeout always rewinds, even to a PSN a NAK already rewound to.
             self.gone_back_to = None;
-            if self.retry(counters, una) {
+            if self.retry_after(counters, una, true) {
                 return true;
             }
             let _ = p;
@@ -598,6 +722,11 @@ impl Requester {
             if w.result.is_some() || (w.started && w.sent >= w.npsn) {
                 self.cursor += 1;
                 continue;
+            }
+            if w.started && w.wr.op == SendOp::Read && w.acked < w.sent {
+                // A piece of a READ retry is being answered: the next piece, and everything
+                // after the READ, waits for it (see the module doc).
+                return None;
             }
             if !w.started {
                 // New requests start only in RTS.
@@ -656,6 +785,9 @@ impl Requester {
     fn build(&mut self, ctx: &mut Ctx<'_>, i: usize, buf: &mut [u8]) -> Result<usize, WcStatus> {
         let p = ctx.p;
         let window_end = self.una.add(self.window() - 1);
+        let pieces_allowed = self.outstanding_rd_atomic(i) == 0;
+        let una = self.una;
+        let window = self.window();
         let w = &mut self.sq[i];
         let mtu = u64::from(w.mtu);
         let psn = w.first_psn.add(w.sent);
@@ -663,11 +795,22 @@ impl Requester {
         let overflow = WcStatus::LocalLengthError;
         let n = match w.wr.op {
             SendOp::Read => {
-                let offset = u64::from(w.sent) * mtu;
+                let k = w.sent;
+                let end = if retransmit {
+                    read_piece_end(
+                        w,
+                        pieces_allowed,
+                        window.saturating_sub(psn.distance_from(una)),
+                    )
+                } else {
+                    w.npsn
+                };
+                let offset = u64::from(k) * mtu;
+                let rest = w.len - offset.min(w.len);
                 let reth = RethRepr {
                     va: w.wr.remote_addr.wrapping_add(offset),
                     rkey: w.wr.rkey,
-                    dma_len: (w.len - offset) as u32,
+                    dma_len: rest.min(u64::from(end - k) * mtu) as u32,
                 };
                 let ext = ExtHeaders {
                     reth: Some(reth),
@@ -681,7 +824,7 @@ impl Requester {
                     0,
                 )
                 .ok_or(overflow)?;
-                w.sent = w.npsn;
+                w.sent = end;
                 n
             }
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
@@ -772,6 +915,61 @@ impl Requester {
     pub fn una(&self) -> Psn {
         self.una
     }
+}
+
+/// Where a READ retry from response packet `w.sent` (its first missing) ends: the whole rest
+/// unless `pieces` are allowed, else at most `room` packets (the loss window left), and never
+/// past an earlier request's end that the answers have not reached (see the module doc).
+/// Whether `payload` under `repr`'s opcode is what READ `w`'s response packet `k` must be: a
+/// full MTU (a short one only at the message's end), and FIRST/MIDDLE only before the last
+/// packet. LAST/ONLY may end the message or any piece a retry asked for.
+fn read_response_fits(w: &SendWqe, k: u32, repr: &PacketRepr, payload: &[u8]) -> bool {
+    let mtu = u64::from(w.mtu);
+    let offset = u64::from(k) * mtu;
+    let want = (w.len - offset.min(w.len)).min(mtu);
+    let position_ok = match repr.bth.opcode.info().map(|i| i.position) {
+        Some(Position::First | Position::Middle) => k + 1 < w.npsn,
+        Some(Position::Last | Position::Only) => true,
+        None => false,
+    };
+    position_ok && payload.len() as u64 == want
+}
+
+fn read_piece_end(w: &mut SendWqe, pieces: bool, room: u32) -> u32 {
+    let k = w.sent;
+    w.retried = true;
+    if w.original_answered {
+        w.read_ends.clear();
+    }
+    while w.read_ends.last().is_some_and(|&e| e <= k) {
+        w.read_ends.pop();
+    }
+    let limit = w.read_ends.last().copied().unwrap_or(w.npsn);
+    if !(pieces || w.original_answered) || w.read_ends.len() >= MAX_READ_ENDS {
+        return limit;
+    }
+    let room = room.max(1);
+    let mut end = limit.min(k.saturating_add(room));
+    // A piece that would bring back a hole or two and packets already placed ahead of them
+    // reaches further (up to twice the window) for more holes: each round trip then fills
+    // several, and one that brings nothing new (which spends the retry budget) stays as rare
+    // as losing the request itself, not one in three at 20% loss each way.
+    let far = limit.min(k.saturating_add(room.saturating_mul(2)));
+    let mut holes = (k..end).filter(|&j| !w.has_ahead(j)).count();
+    while end < far && holes < MIN_PIECE_HOLES {
+        if !w.has_ahead(end) {
+            holes += 1;
+        }
+        end += 1;
+    }
+    // Packets at the piece's end that arrived ahead of the gap need not come again.
+    while end > k + 1 && w.has_ahead(end - 1) {
+        end -= 1;
+    }
+    if end < limit && !w.original_answered {
+        w.read_ends.push(end);
+    }
+    end
 }
 
 fn data_opcode(op: SendOp, pos: Position) -> Opcode {
