@@ -26,6 +26,10 @@
 //! are all in, it asks for the next. The first transmission stays one request for the whole
 //! message, as rxe and perftest peers send it, so a clean path costs nothing; pieces begin only
 //! after a loss, which is exactly when the window says the path cannot take a full burst.
+//! (Cutting first transmissions too while the window is reduced would make every READ after a
+//! loss wait for its pieces' answers one after another and take a responder resource per
+//! piece, though the window is back to full within a few round trips; the damage this fixes —
+//! a retried stream stacked on a stale one — only happens on retries.)
 //!
 //! A piece is a READ request of its own, valid for any responder, which treats it one of two
 //! ways: if it had executed the original (or an earlier piece covering it), the piece is a
@@ -45,9 +49,22 @@
 //!   so a stream of pieces could push out the resource an earlier unanswered atomic needs for
 //!   its replay. Until then a retry asks for the whole rest (one resource, as before).
 //!
-//! The completer accepts a READ_RESPONSE_LAST/ONLY at the end of any piece, and a response
-//! for any PSN of the READ from any of its requests: the bytes at a response PSN are the same
-//! whichever request it answers.
+//! Once a response has come while the first request was the only one sent, the responder is
+//! known to hold the original: every piece is a duplicate inside it, takes no resource, and
+//! only the first rule binds.
+//!
+//! The completer takes a response for any PSN of the READ from any of its requests, the bytes
+//! at a response PSN being the same whichever request it answers: a READ_RESPONSE_LAST/ONLY
+//! may end a piece, and a response that arrives after a gap is placed at once (within
+//! [`READ_AHEAD`] packets of the gap). A piece therefore asks from the first missing packet to
+//! the last missing one in reach, and reaches up to twice the window when fewer than
+//! `MIN_PIECE_HOLES` packets in it are missing: a round trip that brings nothing new spends
+//! the retry budget, and with several holes per piece that stays about as rare as losing the
+//! request itself (at 20% loss each way, 0.2 rather than 0.36 per round; 0.36^8 over a few
+//! hundred rounds of a 16 MiB READ ran out the budget in one run of eight). New data placed
+//! ahead of a gap restores the retry budget. Since a gap then costs a piece, not a window,
+//! gaps in READ answers halve the loss window once per window of progress; timeouts, as for
+//! any request, halve it every time.
 
 use std::collections::VecDeque;
 
@@ -917,9 +934,6 @@ impl Requester {
     }
 }
 
-/// Where a READ retry from response packet `w.sent` (its first missing) ends: the whole rest
-/// unless `pieces` are allowed, else at most `room` packets (the loss window left), and never
-/// past an earlier request's end that the answers have not reached (see the module doc).
 /// Whether `payload` under `repr`'s opcode is what READ `w`'s response packet `k` must be: a
 /// full MTU (a short one only at the message's end), and FIRST/MIDDLE only before the last
 /// packet. LAST/ONLY may end the message or any piece a retry asked for.
@@ -935,6 +949,9 @@ fn read_response_fits(w: &SendWqe, k: u32, repr: &PacketRepr, payload: &[u8]) ->
     position_ok && payload.len() as u64 == want
 }
 
+/// Where a READ retry from response packet `w.sent` (its first missing) ends: the whole rest
+/// unless `pieces` are allowed, else about `room` packets (the loss window left), and never
+/// past an earlier request's end that the answers have not reached (see the module doc).
 fn read_piece_end(w: &mut SendWqe, pieces: bool, room: u32) -> u32 {
     let k = w.sent;
     w.retried = true;
@@ -950,10 +967,7 @@ fn read_piece_end(w: &mut SendWqe, pieces: bool, room: u32) -> u32 {
     }
     let room = room.max(1);
     let mut end = limit.min(k.saturating_add(room));
-    // A piece that would bring back a hole or two and packets already placed ahead of them
-    // reaches further (up to twice the window) for more holes: each round trip then fills
-    // several, and one that brings nothing new (which spends the retry budget) stays as rare
-    // as losing the request itself, not one in three at 20% loss each way.
+    // Few holes in reach: reach further for more (see the module doc).
     let far = limit.min(k.saturating_add(room.saturating_mul(2)));
     let mut holes = (k..end).filter(|&j| !w.has_ahead(j)).count();
     while end < far && holes < MIN_PIECE_HOLES {
