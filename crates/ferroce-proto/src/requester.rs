@@ -648,23 +648,30 @@ impl Requester {
         self.progress(ctx.p, now);
     }
 
-    /// Places a READ response that arrived after a gap (ahead of its READ's first missing
-    /// packet, within [`READ_AHEAD`]) into the local buffers right away: the bytes at a response
-    /// PSN are the same in every answer, so once the gap is filled the READ need not ask for
-    /// them again, and a piece of a retry that fills some holes is progress. Such new data
-    /// restores the retry budget (it is progress) but not the ACK timer (the gap still needs
-    /// filling). Returns `false` if the QP must stop (a local protection error).
+    /// Places a READ response that arrived after a gap (ahead of the first missing packet,
+    /// within [`READ_AHEAD`]) into the local buffer right away: the bytes at a response PSN are
+    /// the same in every answer, so once the gap is filled the READ need not ask for them
+    /// again, and a piece of a retry that fills some holes is progress. Such new data restores
+    /// the retry budget (it is progress) but not the ACK timer (the gap still needs filling).
+    /// Only for the oldest READ/atomic still waiting, into a single SGE: local results then land
+    /// in the order in-order answers would put them, which decides the bytes where buffers
+    /// overlap (the later wins). Returns `false` if the QP must stop (a local protection error).
     fn place_ahead(&mut self, ctx: &mut Ctx<'_>, repr: &PacketRepr, payload: &[u8]) -> bool {
         let psn = repr.bth.psn;
-        let Some(w) = self
+        let Some(i) = self
             .sq
-            .iter_mut()
-            .find(|w| w.result.is_none() && w.contains(psn))
+            .iter()
+            .position(|w| w.result.is_none() && w.contains(psn))
         else {
             return true;
         };
+        if self.outstanding_rd_atomic(i) > 0 {
+            return true;
+        }
+        let w = &mut self.sq[i];
         let k = psn.distance_from(w.first_psn);
         if w.wr.op != SendOp::Read
+            || w.wr.sgl.len() != 1
             || k <= w.acked
             || k - w.acked >= READ_AHEAD
             || w.has_ahead(k)
