@@ -18,9 +18,9 @@
 //!   ferroce-wire parses;
 //! * every packet sent parses, is a request to the peer within the MTU, and is exactly the
 //!   packet its work request calls for at that PSN: opcode and position, RETH (a READ resent
-//!   from PSN `k` asks, from byte `k` MTUs on, for the rest or whole MTUs of it), ImmDt/IETH,
-//!   AtomicETH, and payload bytes equal to the gathered buffers or inline data; it lies in
-//!   `[unacked, next)`;
+//!   from PSN `k` asks, from byte `k` MTUs on, for the rest or whole MTUs of it, and never from
+//!   before where its previous request started), ImmDt/IETH, AtomicETH, and payload bytes
+//!   equal to the gathered buffers or inline data; it lies in `[unacked, next)`;
 //! * completions come in posting order, one per signaled request and one per failed request,
 //!   none for an unsignaled success, with the request's opcode and a status a requester may
 //!   give; a successful completion reports the request's length; after ERR every request has
@@ -80,6 +80,9 @@ struct Posted {
     /// A raw or flipped response was fed while it was outstanding: its result bytes are not
     /// predictable.
     tainted: bool,
+    /// READ: the packet its latest request started at. Requests for a READ never start
+    /// earlier: rxe serves a duplicate READ only from where the last one it served started.
+    read_from: u32,
 }
 
 /// The byte a READ response at `psn` carries at `i` (a pure function, so every copy of a
@@ -384,6 +387,7 @@ impl Harness {
                     mtu: self.mtu,
                     assigned: flushed,
                     tainted: flushed,
+                    read_from: 0,
                 });
             }
             Err(PostError::QueueFull(cap)) => {
@@ -441,7 +445,7 @@ impl Harness {
     }
 
     /// Checks a request packet against the work request it belongs to.
-    fn check_request(&self, repr: &PacketRepr, payload: &[u8]) {
+    fn check_request(&mut self, repr: &PacketRepr, payload: &[u8]) {
         let psn = repr.bth.psn;
         let una = self.qp.unacked_psn();
         let next = self.qp.next_send_psn();
@@ -471,6 +475,13 @@ impl Harness {
                     "READ resent from packet {k} asks for {asked} of the {rest} left"
                 );
                 assert_eq!(reth.rkey, p.wr.rkey);
+                assert!(
+                    k >= p.read_from,
+                    "READ wr {} asked from packet {k} after asking from {}",
+                    p.wr.wr_id,
+                    p.read_from
+                );
+                self.posted[i].read_from = k;
             }
             SendOp::CompareSwap { compare, swap } => {
                 assert_eq!(got, Opcode::RC_COMPARE_SWAP);
