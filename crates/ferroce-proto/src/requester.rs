@@ -9,10 +9,11 @@
 //! response or atomic ACK also acknowledges the requests before it. A response that skips
 //! ahead (a READ response after a gap, an ACK past an unanswered READ) is an implied NAK. On a
 //! PSN-sequence-error NAK, an implied NAK or a local ACK timeout the requester goes back to the
-//! first unacknowledged PSN and sends everything again from there (go-back-N), counting retries
-//! against `retry_cnt` (reset whenever an acknowledgement makes progress). An RNR NAK pauses the
-//! send queue for the timer it names, counted against `rnr_retry` (7 = forever). Other NAKs
-//! complete the request in error and move the QP to ERR.
+//! first unacknowledged PSN and sends everything again from there (go-back-N; a READ asks for
+//! its missing responses in pieces, see below), counting retries against `retry_cnt` (reset
+//! whenever an acknowledgement makes progress). An RNR NAK pauses the send queue for the timer
+//! it names, counted against `rnr_retry` (7 = forever). Other NAKs complete the request in
+//! error and move the QP to ERR.
 //!
 //! Completions leave in posting order: a request that is done waits until all before it are.
 //!

@@ -10,7 +10,10 @@
 //! Answers leave in PSN order from one queue: ACKs (coalesced: a new ACK replaces one still
 //! queued), NAKs, READ responses cut into path-MTU packets, and atomic ACKs. READs and atomics
 //! are remembered in a replay cache of responder resources, so a duplicate READ is executed again
-//! and a duplicate atomic is answered with the saved original value, never executed twice.
+//! and a duplicate atomic is answered with the saved original value, never executed twice. A
+//! duplicate READ is answered for exactly the part of the original it asks for, from its PSN
+//! and ending with a LAST where it ends: a requester may retry a long READ in pieces (see
+//! [`crate::requester`]), and a piece that arrives at the expected PSN is simply a new READ.
 
 use std::collections::VecDeque;
 
