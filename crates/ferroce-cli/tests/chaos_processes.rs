@@ -147,7 +147,8 @@ fn run_through_relay(test: &str, faults: &str, extra: &[&str]) -> Result<(), Str
 /// 16.8 ms ACK timeout: tail losses recover quickly, and the retry budget (8 × 16.8 ms of no
 /// progress at all) stays far above a loaded CI machine's scheduling stalls. A 16 MiB READ at
 /// 20% loss spends most of its time in ACK timeouts (a piece of a retry whose request or last
-/// response is lost): about 2 s at 16.8 ms, about 10 s at the default 67 ms.
+/// response is lost): 1.6-3.5 s at 16.8 ms, 5.6-13 s at the default 67 ms (`perf --loopback`,
+/// relay seeds 1-5).
 const IN_FLIGHT: &[&str] = &[
     "--qp-timeout",
     "12",
