@@ -1,7 +1,8 @@
 //! Loss recovery when retries and their network copies overlap, driven packet by packet: each
 //! case reproduces a failure first seen through the chaos relay on real sockets (5% loss,
 //! reordering and duplication), where the responder handles a whole batch of received packets
-//! before it transmits.
+//! before it transmits. Then READ retries in pieces (what `ferroce_proto::requester`'s module
+//! doc argues), each case between two real QPs unless it says which responder it imitates.
 
 use ferroce_proto::sim::ack_packet;
 use ferroce_proto::sim::pair::default_rts;
