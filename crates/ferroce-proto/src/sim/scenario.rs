@@ -488,7 +488,11 @@ pub fn run_with_trace(cfg: &ScenarioConfig, trace: bool) -> (ScenarioReport, Sim
     let expected: usize = initiators.iter().map(|p| p.expects.len()).sum::<usize>()
         + receivers.iter().map(|p| p.expects.len()).sum::<usize>();
     let done = |s: &Sim| s.nodes.iter().map(|n| n.completions.len()).sum::<usize>() >= expected;
-    sim.run_while(fault_end, |s| !done(s) && s.now < fault_end);
+    // Nothing at or after `fault_end` happens under faults: a step jumps to the next event,
+    // which may be an ACK timeout well past the window.
+    sim.run_while(fault_end, |s| {
+        !done(s) && s.now < fault_end && s.next_event().map_or(true, |t| t < fault_end)
+    });
     sim.net = NetConfig::perfect(cfg.net.latency);
     if !sim.run_while(deadline, |s| !done(s)) {
         report.violations.push(format!(
