@@ -202,6 +202,31 @@ impl ContextShared {
         }
     }
 
+    /// The QP numbered `qpn`, if it is alive.
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned()
+    }
+
+    /// Looks at the shared-memory listener (hellos, wake-ups, peers gone) — at most every so
+    /// often unless `force` — and moves QPs whose peer went away to ERR. Returns whether
+    /// anything arrived.
+    pub(crate) fn poll_shm_host(&self, now: ferroce_proto::Instant, force: bool) -> bool {
+        let Some(host) = &self.shm else {
+            return false;
+        };
+        let ev = host.poll(now.as_nanos(), force, &|qpn| self.qp(qpn));
+        for qpn in &ev.peers_gone {
+            if let Some(qp) = self.qp(*qpn) {
+                crate::engine::peer_gone(&qp);
+            }
+        }
+        ev.did
+    }
+
     /// The QPs of the context now (a snapshot, so no lock is held while they are visited).
     pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
         self.qps

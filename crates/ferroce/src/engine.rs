@@ -452,24 +452,7 @@ const SHM_RX_PER_QP: usize = 256;
 /// Serves the shared-memory side: hello connections (new links, wake-ups, peers that went
 /// away) and the inbound rings of linked QPs. Returns whether anything arrived.
 fn shm_receive(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bool {
-    let Some(host) = &shared.shm else {
-        return false;
-    };
-    let find = |qpn: u32| {
-        shared
-            .qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn)
-            .cloned()
-    };
-    let ev = host.poll(now.as_nanos(), false, &find);
-    let mut did = ev.did;
-    for qpn in ev.peers_gone {
-        if let Some(qp) = find(qpn) {
-            peer_gone(&qp);
-        }
-    }
+    let mut did = shared.poll_shm_host(now, false);
     for qp in &st.qps {
         let Some(s) = qp.shm_linked() else { continue };
         let ring = s.page.ring();
@@ -605,13 +588,7 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
         return;
     }
     let qpn = pkt.bth().dest_qpn();
-    let Some(qp) = shared
-        .qps
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&qpn)
-        .cloned()
-    else {
+    let Some(qp) = shared.qp(qpn) else {
         c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         return;
     };

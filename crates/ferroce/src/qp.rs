@@ -279,26 +279,14 @@ impl QueuePair {
     /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
     /// queues it for the transport; returns whether it was queued (a doorbell is due).
     fn post_one(&self, wr: SendWr) -> Result<bool> {
-        if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
-            if matches!(*shm.lock(), crate::shm::Link::Pending { .. }) {
+        if let Some(shm) = &self.shared.shm {
+            let linked = shm.linked.load(std::sync::atomic::Ordering::Acquire);
+            if !linked && matches!(*shm.lock(), crate::shm::Link::Pending { .. }) {
                 // The peer's hello is most likely waiting in the socket already (it left
                 // before the peer reported RTS): take it now rather than at the engine's next
                 // look, so the request goes straight to the peer's memory.
                 let shared = &self.ctx.shared;
-                let find = |qpn: u32| {
-                    shared
-                        .qps
-                        .read()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&qpn)
-                        .cloned()
-                };
-                let ev = host.poll(shared.now().as_nanos(), true, &find);
-                for qpn in ev.peers_gone {
-                    if let Some(qp) = find(qpn) {
-                        crate::engine::peer_gone(&qp);
-                    }
-                }
+                shared.poll_shm_host(shared.now(), true);
             }
         }
         if let Some(shm) = self.shared.shm_linked() {
@@ -307,14 +295,18 @@ impl QueuePair {
                 // Completions of earlier requests the transport finished but the engine has
                 // not delivered yet go first: the CQ sees posting order. All of it under the
                 // QP's lock, as the engine delivers.
-                let mut wcs = Vec::new();
-                while let Some(earlier) = q.poll_completion() {
-                    wcs.push(earlier);
+                let mut wcs: Vec<_> = std::iter::from_fn(|| q.poll_completion()).collect();
+                if wcs.is_empty() {
+                    // The common case, without building a list.
+                    if wr.flags.signaled {
+                        self.shared.send_cq.push(&[wc]);
+                    }
+                } else {
+                    if wr.flags.signaled {
+                        wcs.push(wc);
+                    }
+                    crate::engine::route_completions(&self.shared, &mut wcs);
                 }
-                if wr.flags.signaled {
-                    wcs.push(wc);
-                }
-                crate::engine::route_completions(&self.shared, &mut wcs);
                 return Ok(false);
             }
         }

@@ -157,6 +157,24 @@ fn state_code(s: QpState) -> u32 {
     }
 }
 
+/// Creates a memfd of `len` bytes stamped with `magic`.
+fn stamped(name: &str, len: usize, magic: u64) -> io::Result<SharedMap> {
+    let map = SharedMap::create(name, len)?;
+    map.u64_at(0).store(magic, Ordering::Release);
+    Ok(map)
+}
+
+/// Accepts a peer's mapping only if it is at least `len` bytes and stamped with `magic`.
+fn checked(map: SharedMap, len: usize, magic: u64, what: &str) -> io::Result<SharedMap> {
+    if map.len() < len || map.u64_at(0).load(Ordering::Acquire) != magic {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not a ferroce {what}"),
+        ));
+    }
+    Ok(map)
+}
+
 /// What a slot of a key table says about a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PublishedRegion {
@@ -177,19 +195,15 @@ pub(crate) struct KeyTable {
 
 impl KeyTable {
     fn create() -> io::Result<KeyTable> {
-        let map = SharedMap::create("ferroce-keys", TABLE_LEN)?;
-        map.u64_at(0).store(TABLE_MAGIC, Ordering::Release);
-        Ok(KeyTable { map })
+        Ok(KeyTable {
+            map: stamped("ferroce-keys", TABLE_LEN, TABLE_MAGIC)?,
+        })
     }
 
     fn from_map(map: SharedMap) -> io::Result<KeyTable> {
-        if map.len() < TABLE_LEN || map.u64_at(0).load(Ordering::Acquire) != TABLE_MAGIC {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a ferroce key table",
-            ));
-        }
-        Ok(KeyTable { map })
+        Ok(KeyTable {
+            map: checked(map, TABLE_LEN, TABLE_MAGIC, "key table")?,
+        })
     }
 
     fn slot(&self, index: usize) -> usize {
@@ -199,34 +213,34 @@ impl KeyTable {
     /// Publishes a region under `key` (only the owning context writes its table, under its
     /// region-table lock, so there is one writer per slot).
     pub(crate) fn publish(&self, r: &PublishedRegion) {
-        let index = (r.key >> 8) as usize;
-        if index >= TABLE_SLOTS {
-            return;
-        }
-        let s = self.slot(index);
-        let seq = self.map.u64_at(s + S_SEQ);
-        let start = seq.load(Ordering::Relaxed) | 1;
-        seq.store(start, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        self.map.u32_at(s + S_KEY).store(r.key, Ordering::Relaxed);
-        self.map.u32_at(s + S_PD).store(r.pd, Ordering::Relaxed);
-        self.map
-            .u32_at(s + S_ACCESS)
-            .store(r.access.bits(), Ordering::Relaxed);
-        self.map.u64_at(s + S_ADDR).store(r.addr, Ordering::Relaxed);
-        self.map.u64_at(s + S_LEN).store(r.len, Ordering::Relaxed);
-        self.map
-            .u32_at(s + S_FD)
-            .store(r.fd as u32, Ordering::Relaxed);
-        self.map
-            .u64_at(s + S_INODE)
-            .store(r.inode, Ordering::Relaxed);
-        seq.store(start + 1, Ordering::Release);
+        self.write_slot(r.key, |s| {
+            self.map.u32_at(s + S_KEY).store(r.key, Ordering::Relaxed);
+            self.map.u32_at(s + S_PD).store(r.pd, Ordering::Relaxed);
+            self.map
+                .u32_at(s + S_ACCESS)
+                .store(r.access.bits(), Ordering::Relaxed);
+            self.map.u64_at(s + S_ADDR).store(r.addr, Ordering::Relaxed);
+            self.map.u64_at(s + S_LEN).store(r.len, Ordering::Relaxed);
+            self.map
+                .u32_at(s + S_FD)
+                .store(r.fd as u32, Ordering::Relaxed);
+            self.map
+                .u64_at(s + S_INODE)
+                .store(r.inode, Ordering::Relaxed);
+        });
     }
 
     /// Withdraws `key`: no new access finds it (one under way may still complete, into pages
     /// the memfd keeps alive for as long as the accessor maps them).
     pub(crate) fn withdraw(&self, key: u32) {
+        self.write_slot(key, |s| {
+            self.map.u32_at(s + S_KEY).store(0, Ordering::Relaxed);
+        });
+    }
+
+    /// Rewrites the slot of `key` under its sequence number (odd while the fields change), so
+    /// a reader never takes a half-written slot.
+    fn write_slot(&self, key: u32, fill: impl FnOnce(usize)) {
         let index = (key >> 8) as usize;
         if index >= TABLE_SLOTS {
             return;
@@ -236,7 +250,7 @@ impl KeyTable {
         let start = seq.load(Ordering::Relaxed) | 1;
         seq.store(start, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        self.map.u32_at(s + S_KEY).store(0, Ordering::Relaxed);
+        fill(s);
         seq.store(start + 1, Ordering::Release);
     }
 
@@ -291,19 +305,15 @@ pub(crate) struct QpPage {
 
 impl QpPage {
     pub(crate) fn create() -> io::Result<QpPage> {
-        let map = SharedMap::create("ferroce-qp", PAGE_LEN)?;
-        map.u64_at(0).store(PAGE_MAGIC, Ordering::Release);
-        Ok(QpPage { map })
+        Ok(QpPage {
+            map: stamped("ferroce-qp", PAGE_LEN, PAGE_MAGIC)?,
+        })
     }
 
     fn from_map(map: SharedMap) -> io::Result<QpPage> {
-        if map.len() < PAGE_LEN || map.u64_at(0).load(Ordering::Acquire) != PAGE_MAGIC {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a ferroce QP page",
-            ));
-        }
-        Ok(QpPage { map })
+        Ok(QpPage {
+            map: checked(map, PAGE_LEN, PAGE_MAGIC, "QP page")?,
+        })
     }
 
     pub(crate) fn ring(&self) -> Ring {
