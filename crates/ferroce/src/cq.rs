@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +63,9 @@ impl CompletionChannel {
 #[derive(Debug)]
 pub(crate) struct CqInner {
     queue: Mutex<VecDeque<WorkCompletion>>,
+    /// The queue's length, kept beside it so an empty poll (a busy-polling loop's usual case)
+    /// takes no lock.
+    waiting: AtomicUsize,
     capacity: usize,
     overflowed: AtomicBool,
     armed: AtomicU8,
@@ -78,6 +81,7 @@ impl CqInner {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.extend(wcs.iter().copied());
+            self.waiting.store(q.len(), Ordering::Release);
             if q.len() > self.capacity {
                 self.overflowed.store(true, Ordering::Release);
             }
@@ -119,6 +123,7 @@ impl CompletionQueue {
         CompletionQueue {
             inner: Arc::new(CqInner {
                 queue: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+                waiting: AtomicUsize::new(0),
                 capacity,
                 overflowed: AtomicBool::new(false),
                 armed: AtomicU8::new(UNARMED),
@@ -134,8 +139,13 @@ impl CompletionQueue {
     }
 
     fn take(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        if self.inner.overflowed.swap(false, Ordering::AcqRel) {
+        if self.inner.overflowed.load(Ordering::Acquire)
+            && self.inner.overflowed.swap(false, Ordering::AcqRel)
+        {
             return Err(Error::CqOverflow(self.inner.capacity));
+        }
+        if self.inner.waiting.load(Ordering::Acquire) == 0 {
+            return Ok(0);
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let n = out.len().min(q.len());
@@ -144,6 +154,7 @@ impl CompletionQueue {
                 *slot = wc;
             }
         }
+        self.inner.waiting.store(q.len(), Ordering::Release);
         Ok(n)
     }
 
@@ -199,11 +210,7 @@ impl CompletionQueue {
 
     /// Completions waiting now.
     pub fn len(&self) -> usize {
-        self.inner
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.inner.waiting.load(Ordering::Acquire)
     }
 
     /// Whether no completion is waiting.

@@ -145,11 +145,11 @@ impl ContextShared {
 
     /// Drives progress from an application thread if the engine is free.
     pub(crate) fn progress_inline(&self) -> bool {
-        let until = self.now() + APP_POLL_GRACE;
+        let now = self.now();
         self.app_polling_until
-            .store(until.as_nanos(), Ordering::Release);
+            .store((now + APP_POLL_GRACE).as_nanos(), Ordering::Release);
         match self.engine.try_lock() {
-            Ok(mut st) => progress(self, &mut st),
+            Ok(mut st) => progress_at(self, &mut st, now),
             Err(_) => false,
         }
     }
@@ -182,7 +182,11 @@ const MAX_RECV_BATCHES_PER_PASS: usize = 16;
 
 /// One pass of the engine. Returns whether anything happened.
 pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
-    let now = shared.now();
+    progress_at(shared, st, shared.now())
+}
+
+/// One pass of the engine at `now` (a caller that just read the clock saves a second read).
+fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bool {
     let mut did = false;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&shared.socket);
     // When every QP is linked over shared memory, the socket carries only strays: look at it

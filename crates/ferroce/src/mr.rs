@@ -2,30 +2,34 @@
 //!
 //! # Why regions are reached only through copies
 //! A remote peer may write a registered region at any moment. Handing the application a
-//! `&mut [u8]` (or even `&[u8]`) into it would let the engine thread write bytes that safe Rust
-//! believes nobody else touches: undefined behaviour. So a region's bytes are reached only under
-//! its lock, by [`MemoryRegion::read`], [`MemoryRegion::write`] and friends, which copy; the
-//! engine takes the same lock for each packet it places. The lock is uncontended in the common
-//! case (one acquisition per packet or per application access).
+//! `&mut [u8]` (or even `&[u8]`) into it would let another thread or process write bytes that
+//! safe Rust believes nobody else touches: undefined behaviour. So a region's bytes are reached
+//! only through raw-pointer copies ([`MemoryRegion::read`], [`MemoryRegion::write`] and friends,
+//! the engine placing a packet, a same-host peer's one-sided operation), as a NIC's DMA reaches
+//! memory, and atomics on them are CPU atomics wherever they come from.
 //!
 //! # Keys
 //! lkey and rkey are equal: a 24-bit table index and an 8-bit generation that rotates each time
 //! the slot is reused, so a stale or guessed key does not reach a newer region. Generation 0 is
 //! never used, so key 0 is always invalid.
 //!
-//! # Where the bytes live
+//! # Where the bytes live, and what deregistration waits for
 //! Regions ferroce allocates ([`crate::ProtectionDomain::alloc_mr`]) are memfds mapped shared,
 //! page-aligned, so a same-host peer can map them and WRITE, READ or apply atomics with no code
-//! running here (see `shm`). Such a peer's copies do not take this side's lock — like a NIC's
-//! DMA — which is why the bytes are never handed out as references, and why atomics here are
-//! CPU atomics too. Caller memory ([`crate::ProtectionDomain::register_raw`]) cannot be mapped by
-//! a peer: requests on it are served by this context's engine, under the lock.
+//! running here (see `shm`). Their accesses take no lock: the peer's copies could not take it
+//! anyway, and the pages stay mapped for as long as anything holds the region, so deregistering
+//! only has to make later accesses fail (a flag each access checks first). That keeps a post on
+//! the shared-memory fast path and an application's poll of a flag byte free of lock traffic.
 //!
-//! # Deregistration
-//! Dropping a [`MemoryRegion`] removes its key at once, so no new access can start; the memory
-//! itself lives until the last in-flight access (which holds a reference) finishes.
+//! Caller memory ([`crate::ProtectionDomain::register_raw`]) cannot be mapped by a peer:
+//! requests on it are served by this context's engine. Its accesses hold a lock (shared for
+//! reading, exclusive for writing), because deregistration must wait for the ones under way:
+//! once it returns, the caller may free the memory.
+//!
+//! Dropping a [`MemoryRegion`] removes its key at once, so no new access can find it.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ferroce_proto::memory::{Access, AtomicOp, KeyKind, Memory, MemoryError};
@@ -52,16 +56,18 @@ pub(crate) struct MrInner {
     backing: Backing,
     pub(crate) access: Access,
     pub(crate) pd: u32,
-    /// Serialises every access to the bytes (see the module doc). Holds `true` once the region
-    /// is deregistered: an access that looked the key up just before deregistration and takes
-    /// the lock just after finds it revoked and touches nothing.
-    lock: RwLock<bool>,
+    /// Set at deregistration: an access that looked the key up just before and checks this
+    /// just after touches nothing.
+    revoked: AtomicBool,
+    /// Held by every access to caller memory, so deregistration can wait for those under way
+    /// (unused for shared regions, see the module doc).
+    lock: RwLock<()>,
 }
 
-// SAFETY: the region's bytes are only touched while holding `lock` (readers share it, writers
-// exclude), so moving or sharing the handle between threads cannot create a data race; the
-// pointer stays valid for the life of the value (mapped pages are unmapped in Drop, borrowed
-// memory is valid by the contract of `ProtectionDomain::register_raw`).
+// SAFETY: the region's bytes are only touched through raw-pointer copies and CPU atomics, never
+// through references (see the module doc), and the pointer stays valid for the life of the value
+// (mapped pages are unmapped in Drop, borrowed memory is valid by the contract of
+// `ProtectionDomain::register_raw` until `revoke` returns, after which nothing touches it).
 unsafe impl Send for MrInner {}
 // SAFETY: see `Send`.
 unsafe impl Sync for MrInner {}
@@ -79,7 +85,8 @@ impl MrInner {
             backing: Backing::Shared(map),
             access,
             pd,
-            lock: RwLock::new(false),
+            revoked: AtomicBool::new(false),
+            lock: RwLock::new(()),
         })
     }
 
@@ -91,9 +98,10 @@ impl MrInner {
         }
     }
 
-    /// Runs `f` on a pointer to `offset..offset + len` of the region, under its lock (shared
-    /// for reading, exclusive for writing), unless the range is outside or the region revoked.
-    /// `f` must stay inside those `len` bytes and must not keep the pointer.
+    /// Runs `f` on a pointer to `offset..offset + len` of the region, unless the range is
+    /// outside or the region revoked; caller memory is held under its lock meanwhile (shared for
+    /// reading, exclusive for writing). `f` must stay inside those `len` bytes and must not keep
+    /// the pointer.
     pub(crate) fn with_range<R>(
         &self,
         offset: usize,
@@ -102,18 +110,20 @@ impl MrInner {
         f: impl FnOnce(*mut u8) -> R,
     ) -> Result<R> {
         self.check(offset, len)?;
-        let (r, w);
-        let revoked = if writing {
-            w = self.lock.write().unwrap_or_else(|e| e.into_inner());
-            *w
-        } else {
-            r = self.lock.read().unwrap_or_else(|e| e.into_inner());
-            *r
-        };
-        if revoked {
+        let (_shared, _exclusive);
+        if matches!(self.backing, Backing::Borrowed) {
+            if writing {
+                _exclusive = self.lock.write().unwrap_or_else(|e| e.into_inner());
+            } else {
+                _shared = self.lock.read().unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        if self.revoked.load(Ordering::Acquire) {
             return Err(self.revoked());
         }
-        // SAFETY: `offset + len <= self.len` was checked, so the pointer is inside the region.
+        // SAFETY: `offset + len <= self.len` was checked, so the pointer is inside the region,
+        // which is not revoked (caller memory: cannot be while the lock is held; shared
+        // regions: stay mapped while `self` lives either way).
         Ok(f(unsafe { self.ptr.as_ptr().add(offset) }))
     }
 
@@ -133,7 +143,8 @@ impl MrInner {
             backing: Backing::Borrowed,
             access,
             pd,
-            lock: RwLock::new(false),
+            revoked: AtomicBool::new(false),
+            lock: RwLock::new(()),
         }
     }
 
@@ -156,11 +167,12 @@ impl MrInner {
         }
     }
 
-    /// Deregistration: waits for the accesses under way (they hold the lock), then makes every
-    /// later one fail. After it returns, the bytes are never touched again — what
-    /// `register_raw`'s contract promises the caller, whose memory may be freed next.
+    /// Deregistration: makes every later access fail and, for caller memory, waits for the
+    /// accesses under way (they hold the lock). After it returns, caller memory is never
+    /// touched again — what `register_raw`'s contract promises the caller, who may free it next.
     pub(crate) fn revoke(&self) {
-        *self.lock.write().unwrap_or_else(|e| e.into_inner()) = true;
+        let _exclusive = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        self.revoked.store(true, Ordering::Release);
     }
 
     fn revoked(&self) -> Error {
@@ -168,72 +180,47 @@ impl MrInner {
     }
 
     pub(crate) fn copy_out(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check(offset, out.len())?;
-        let g = self.lock.read().unwrap_or_else(|e| e.into_inner());
-        if *g {
-            return Err(self.revoked());
-        }
-        // SAFETY: the range was checked to lie in the region, the lock excludes writers, and
-        // `out` is a distinct live buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
-        Ok(())
+        self.with_range(offset, out.len(), false, |src| {
+            // SAFETY: `src` covers `out.len()` bytes of the region; `out` is a distinct buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
+        })
     }
 
     pub(crate) fn copy_in(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check(offset, data.len())?;
-        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        if *g {
-            return Err(self.revoked());
-        }
-        // SAFETY: the range was checked, the write lock excludes every other access, and
-        // `data` is a distinct live buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
-        Ok(())
+        self.with_range(offset, data.len(), true, |dst| {
+            // SAFETY: `dst` covers `data.len()` bytes of the region; `data` is a distinct buffer.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
+        })
     }
 
     pub(crate) fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
-        self.check(offset, len)?;
-        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        if *g {
-            return Err(self.revoked());
-        }
-        // SAFETY: checked range, exclusive lock.
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
-        Ok(())
+        self.with_range(offset, len, true, |dst| {
+            // SAFETY: `dst` covers `len` bytes of the region.
+            unsafe { std::ptr::write_bytes(dst, byte, len) }
+        })
     }
 
     pub(crate) fn atomic(&self, offset: usize, op: AtomicOp) -> Result<u64> {
-        self.check(offset, 8)?;
-        let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        if *g {
-            return Err(self.revoked());
-        }
-        let p = self.ptr.as_ptr().wrapping_add(offset);
-        if p as usize % 8 == 0 {
-            // SAFETY: checked range, 8-aligned; a same-host peer may apply its own CPU atomics
-            // to this word concurrently, so this must be one too.
-            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) };
-            return Ok(apply_atomic(word, op));
-        }
-        // SAFETY: checked range, exclusive lock; the transport refuses misaligned atomics, so
-        // this path serves only local callers.
-        let old = unsafe { std::ptr::read_unaligned(p.cast::<u64>()) };
-        // SAFETY: as above.
-        unsafe { std::ptr::write_unaligned(p.cast::<u64>(), op.apply(old)) };
-        Ok(old)
+        self.with_range(offset, 8, true, |p| {
+            if p as usize % 8 == 0 {
+                // SAFETY: 8 bytes of the region, 8-aligned; a same-host peer may apply its own
+                // CPU atomics to this word concurrently, so this must be one too.
+                let word = unsafe { AtomicU64::from_ptr(p.cast()) };
+                return apply_atomic(word, op);
+            }
+            // Only caller memory can be misaligned (shared regions are page-aligned, and the
+            // transport refuses misaligned remote atomics), and it is held exclusively here.
+            // SAFETY: 8 bytes of the region.
+            let old = unsafe { std::ptr::read_unaligned(p.cast::<u64>()) };
+            // SAFETY: as above.
+            unsafe { std::ptr::write_unaligned(p.cast::<u64>(), op.apply(old)) };
+            old
+        })
     }
 }
 
 /// Applies an IBTA atomic to a word as one CPU atomic; returns the original value.
-pub(crate) fn apply_atomic(word: &std::sync::atomic::AtomicU64, op: AtomicOp) -> u64 {
+pub(crate) fn apply_atomic(word: &AtomicU64, op: AtomicOp) -> u64 {
     use std::sync::atomic::Ordering::SeqCst;
     match op {
         AtomicOp::FetchAdd { add } => word.fetch_add(add, SeqCst),
@@ -255,6 +242,10 @@ struct Slot {
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
     slots: RwLock<Vec<Slot>>,
+    /// How many keys were removed so far: a key looked up while this had some value still
+    /// names the same region while it has that value (a slot is only reused after a removal),
+    /// so a cache of lookups checks one counter instead of taking the lock.
+    removals: AtomicU64,
 }
 
 impl MrTable {
@@ -284,7 +275,13 @@ impl MrTable {
         if u32::from(slot.generation) != key & 0xff {
             return None;
         }
+        self.removals.fetch_add(1, Ordering::Release);
         slot.mr.take()
+    }
+
+    /// The removal count (see the field), to stamp a cached lookup with before making it.
+    pub(crate) fn removals(&self) -> u64 {
+        self.removals.load(Ordering::Acquire)
     }
 
     /// The region of `key`, if the key is current.

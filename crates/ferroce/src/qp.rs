@@ -4,6 +4,7 @@
 //! the engine: posting is a call on the transport (so errors come back at once, as from
 //! `ibv_post_send`) followed by a doorbell, which transmits inline when the engine is free.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -138,6 +139,27 @@ impl QpShared {
     }
 }
 
+/// A send work request handed to [`QueuePair::post_send`]: by value, or by reference to post
+/// the same request again and again without rebuilding it (`ibv_post_send` takes a pointer for
+/// the same reason). A request done at once in a same-host peer's memory is never copied; one
+/// queued for the transport is copied if it was lent.
+pub trait SendRequest<'a> {
+    /// The request, owned or borrowed.
+    fn into_request(self) -> Cow<'a, SendWr>;
+}
+
+impl<'a> SendRequest<'a> for SendWr {
+    fn into_request(self) -> Cow<'a, SendWr> {
+        Cow::Owned(self)
+    }
+}
+
+impl<'a> SendRequest<'a> for &'a SendWr {
+    fn into_request(self) -> Cow<'a, SendWr> {
+        Cow::Borrowed(self)
+    }
+}
+
 /// A reliable-connection queue pair.
 #[derive(Debug)]
 pub struct QueuePair {
@@ -250,9 +272,9 @@ impl QueuePair {
         }
     }
 
-    /// Posts a send work request and rings the doorbell.
-    pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        if self.post_one(wr)? {
+    /// Posts a send work request (`wr` or `&wr`, see [`SendRequest`]) and rings the doorbell.
+    pub fn post_send<'a>(&self, wr: impl SendRequest<'a>) -> Result<()> {
+        if self.post_one(wr.into_request())? {
             self.ctx.shared.doorbell(&self.shared);
         }
         Ok(())
@@ -264,7 +286,7 @@ impl QueuePair {
             let mut queued = false;
             let r = wrs
                 .into_iter()
-                .try_for_each(|wr| self.post_one(wr).map(|q| queued |= q));
+                .try_for_each(|wr| self.post_one(Cow::Owned(wr)).map(|q| queued |= q));
             if queued {
                 self.ctx.shared.doorbell(&self.shared);
             }
@@ -278,7 +300,7 @@ impl QueuePair {
 
     /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
     /// queues it for the transport; returns whether it was queued (a doorbell is due).
-    fn post_one(&self, wr: SendWr) -> Result<bool> {
+    fn post_one(&self, wr: Cow<'_, SendWr>) -> Result<bool> {
         if let Some(shm) = &self.shared.shm {
             let linked = shm.linked.load(std::sync::atomic::Ordering::Acquire);
             if !linked && matches!(*shm.lock(), crate::shm::Link::Pending { .. }) {
@@ -310,7 +332,7 @@ impl QueuePair {
                 return Ok(false);
             }
         }
-        self.with(|q| q.post_send(wr))?;
+        self.with(|q| q.post_send(wr.into_owned()))?;
         Ok(true)
     }
 

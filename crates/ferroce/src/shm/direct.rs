@@ -15,30 +15,97 @@ use crate::context::ContextShared;
 use crate::mr::{apply_atomic, MrInner};
 use crate::shm::{Link, ShmQp};
 
-/// A local scatter/gather element, checked.
-struct Local {
+/// The local region a linked QP used last, with the region table's removal count when it was
+/// looked up: while that count holds, the key still names this region (`MrTable::removals`), so
+/// a post reusing its buffer takes neither the table's lock nor a reference count.
+#[derive(Debug)]
+pub(crate) struct CachedLocal {
+    removals: u64,
+    key: u32,
     mr: Arc<MrInner>,
-    offset: usize,
-    len: usize,
 }
 
-fn local_sges(shared: &ContextShared, pd: u32, wr: &SendWr, need: Access) -> Option<Vec<Local>> {
-    wr.sgl
-        .iter()
-        .map(|sge| {
+/// A local region found through the cache or the table.
+enum LocalMr<'a> {
+    Cached(&'a MrInner),
+    Looked(Arc<MrInner>),
+}
+
+impl std::ops::Deref for LocalMr<'_> {
+    type Target = MrInner;
+    fn deref(&self) -> &MrInner {
+        match self {
+            LocalMr::Cached(m) => m,
+            LocalMr::Looked(m) => m,
+        }
+    }
+}
+
+fn local_mr<'a>(
+    shared: &ContextShared,
+    cache: &'a Option<CachedLocal>,
+    key: u32,
+) -> Option<LocalMr<'a>> {
+    match cache {
+        Some(c) if c.key == key && c.removals == shared.mrs.removals() => {
+            Some(LocalMr::Cached(&c.mr))
+        }
+        _ => shared.mrs.get(key).map(LocalMr::Looked),
+    }
+}
+
+/// Checks every local SGE of `wr` (key, protection domain, rights, bounds) before anything is
+/// touched, remembering the region of the last one.
+fn check_locals(
+    shared: &ContextShared,
+    cache: &mut Option<CachedLocal>,
+    pd: u32,
+    wr: &SendWr,
+    need: Access,
+) -> Option<()> {
+    for sge in &wr.sgl {
+        let hit =
+            matches!(cache, Some(c) if c.key == sge.lkey && c.removals == shared.mrs.removals());
+        if !hit {
+            let removals = shared.mrs.removals();
             let mr = shared.mrs.get(sge.lkey)?;
-            if mr.pd != pd || !mr.access.contains(need) {
-                return None;
-            }
-            let offset = sge.addr.checked_sub(mr.addr())?;
-            let end = offset.checked_add(u64::from(sge.length))?;
-            (end <= mr.len() as u64).then_some(Local {
+            *cache = Some(CachedLocal {
+                removals,
+                key: sge.lkey,
                 mr,
-                offset: offset as usize,
-                len: sge.length as usize,
-            })
-        })
-        .collect()
+            });
+        }
+        let mr = &cache.as_ref()?.mr;
+        if mr.pd != pd || !mr.access.contains(need) {
+            return None;
+        }
+        let offset = sge.addr.checked_sub(mr.addr())?;
+        if offset.checked_add(u64::from(sge.length))? > mr.len() as u64 {
+            return None;
+        }
+    }
+    Some(())
+}
+
+/// Runs `f` on each local SGE's bytes in order, with the offset of its bytes in the whole
+/// transfer (all of them passed `check_locals`).
+fn each_local(
+    shared: &ContextShared,
+    cache: &Option<CachedLocal>,
+    wr: &SendWr,
+    writing: bool,
+    mut f: impl FnMut(*mut u8, usize, usize),
+) -> Option<()> {
+    let mut at = 0;
+    for sge in &wr.sgl {
+        let mr = local_mr(shared, cache, sge.lkey)?;
+        let offset = sge.addr.checked_sub(mr.addr())? as usize;
+        let len = sge.length as usize;
+        mr.with_range(offset, len, writing, |p| f(p, at, len))
+            .ok()?;
+        at += len;
+    }
+    Some(())
 }
 
 /// Does `wr` on `qp`'s linked peer if it is a WRITE, READ or atomic that every check admits and
@@ -65,48 +132,70 @@ pub(crate) fn execute(
     };
     let pd = q.pd();
     let len: u64 = wr.data_len();
+    // Taken out of the link for the call, so the remote mapping `resolve` lends can live beside
+    // it; put back whatever happens.
+    let mut cache = peer.last_local.take();
+    let done = one_sided(shared, peer, &mut cache, pd, wr, len, need);
+    peer.last_local = cache;
+    done?;
+    Some(WorkCompletion {
+        wr_id: wr.wr_id,
+        status: WcStatus::Success,
+        opcode,
+        byte_len: u32::try_from(len).unwrap_or(u32::MAX),
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: q.qpn(),
+        solicited: false,
+    })
+}
+
+/// The copy or atomic of `execute`, once the QP admitted the request.
+fn one_sided(
+    shared: &ContextShared,
+    peer: &mut crate::shm::PeerLink,
+    cache: &mut Option<CachedLocal>,
+    pd: u32,
+    wr: &SendWr,
+    len: u64,
+    need: Access,
+) -> Option<()> {
     match wr.op {
         SendOp::Write => {
-            let locals = match &wr.inline_data {
-                Some(_) => Vec::new(),
-                None => local_sges(shared, pd, wr, Access::NONE)?,
-            };
+            if wr.inline_data.is_none() {
+                check_locals(shared, cache, pd, wr, Access::NONE)?;
+            }
             let (map, base) = peer.resolve(wr.rkey, wr.remote_addr, len, need)?;
+            // SAFETY: `resolve` checked `base..base + len` lies in the peer's region, which
+            // `map` keeps mapped.
+            let dst = unsafe { map.ptr().add(base) };
             if let Some(data) = &wr.inline_data {
-                // SAFETY: `resolve` checked `base..base + len` lies in the peer's region,
-                // which `map` keeps mapped; the source is a live local buffer of `len` bytes.
-                unsafe { std::ptr::copy(data.as_ptr(), map.ptr().add(base), data.len()) };
+                // SAFETY: the source is a live local buffer of `len` bytes; the destination is
+                // the checked remote range.
+                unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
             } else {
-                let mut at = base;
-                for l in &locals {
-                    l.mr.with_range(l.offset, l.len, false, |src| {
-                        // SAFETY: `src` covers `l.len` bytes of the local region (under its
-                        // lock); the destination lies inside the checked remote range.
-                        unsafe { std::ptr::copy(src, map.ptr().add(at), l.len) }
-                    })
-                    .ok()?;
-                    at += l.len;
-                }
+                each_local(shared, cache, wr, false, |src, at, n| {
+                    // SAFETY: `src` covers `n` bytes of a local region; `at + n <= len`, so the
+                    // destination lies inside the checked remote range.
+                    unsafe { std::ptr::copy(src, dst.add(at), n) }
+                })?;
             }
         }
         SendOp::Read => {
-            let locals = local_sges(shared, pd, wr, Access::LOCAL_WRITE)?;
+            check_locals(shared, cache, pd, wr, Access::LOCAL_WRITE)?;
             let (map, base) = peer.resolve(wr.rkey, wr.remote_addr, len, need)?;
-            let mut at = base;
-            for l in &locals {
-                l.mr.with_range(l.offset, l.len, true, |dst| {
-                    // SAFETY: as for WRITE, in the other direction.
-                    unsafe { std::ptr::copy(map.ptr().add(at), dst, l.len) }
-                })
-                .ok()?;
-                at += l.len;
-            }
+            // SAFETY: as for WRITE.
+            let src = unsafe { map.ptr().add(base) };
+            each_local(shared, cache, wr, true, |dst, at, n| {
+                // SAFETY: as for WRITE, in the other direction.
+                unsafe { std::ptr::copy(src.add(at), dst, n) }
+            })?;
         }
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
-            if wr.remote_addr % 8 != 0 {
+            if wr.remote_addr % 8 != 0 || wr.sgl.len() != 1 || wr.sgl[0].length < 8 {
                 return None;
             }
-            let locals = local_sges(shared, pd, wr, Access::LOCAL_WRITE)?;
+            check_locals(shared, cache, pd, wr, Access::LOCAL_WRITE)?;
             let (map, base) = peer.resolve(wr.rkey, wr.remote_addr, 8, need)?;
             // The region starts page-aligned in the peer and in our mapping, so the word is as
             // aligned here as `remote_addr` is there.
@@ -122,25 +211,18 @@ pub(crate) fn execute(
             // SAFETY: 8 bytes inside the checked remote range, 8-aligned, mapped while `map`
             // lives; the target and other initiators only ever apply atomics to it.
             let word = unsafe { AtomicU64::from_ptr(p.cast()) };
-            let local = locals.first()?;
-            // Check the local side can take the result before the remote word changes.
-            local.mr.with_range(local.offset, 8, false, |_| ()).ok()?;
+            let local = local_mr(shared, cache, wr.sgl[0].lkey)?;
+            let offset = wr.sgl[0].addr.checked_sub(local.addr())? as usize;
+            // The local side was checked, but may have been deregistered since: make sure it
+            // still takes the result before the remote word changes.
+            local.with_range(offset, 8, false, |_| ()).ok()?;
             let old = apply_atomic(word, op);
-            let _ = local.mr.with_range(local.offset, 8, true, |dst| {
-                // SAFETY: 8 bytes of the local region under its exclusive lock.
+            let _ = local.with_range(offset, 8, true, |dst| {
+                // SAFETY: 8 bytes of the local region.
                 unsafe { std::ptr::write_unaligned(dst.cast::<u64>(), old) }
             });
         }
         _ => return None,
     }
-    Some(WorkCompletion {
-        wr_id: wr.wr_id,
-        status: WcStatus::Success,
-        opcode,
-        byte_len: u32::try_from(len).unwrap_or(u32::MAX),
-        imm_data: None,
-        invalidated_rkey: None,
-        qp_num: q.qpn(),
-        solicited: false,
-    })
+    Some(())
 }

@@ -359,6 +359,11 @@ pub(crate) struct PeerLink {
     page: QpPage,
     /// Peer regions mapped so far, by key.
     regions: HashMap<u32, Arc<SharedMap>>,
+    /// The peer region used last (a stream of operations mostly names one rkey), so the common
+    /// case needs no hash lookup.
+    last_region: Option<(u32, Arc<SharedMap>)>,
+    /// This side's region used last by a local SGE (see `direct`).
+    pub(crate) last_local: Option<direct::CachedLocal>,
 }
 
 /// Where a QP stands with the shared-memory provider.
@@ -773,6 +778,8 @@ fn complete(qp: &ShmQp, link: &mut Link, offer: Offer) -> io::Result<()> {
         table,
         page,
         regions: HashMap::new(),
+        last_region: None,
+        last_local: None,
     }));
     qp.linked.store(true, Ordering::Release);
     Ok(())
@@ -811,7 +818,7 @@ impl PeerLink {
         addr: u64,
         len: u64,
         need: Access,
-    ) -> Option<(Arc<SharedMap>, usize)> {
+    ) -> Option<(&SharedMap, usize)> {
         let pd = self.page.serves(need)?;
         let r = self.table.lookup(rkey)?;
         if r.pd != pd || !r.access.contains(need) || r.fd < 0 {
@@ -821,23 +828,29 @@ impl PeerLink {
         if off.checked_add(len)? > r.len {
             return None;
         }
-        let cached = self
-            .regions
-            .get(&rkey)
-            .filter(|m| m.inode() == r.inode && m.len() as u64 >= r.len)
-            .cloned();
-        let map = match cached {
-            Some(m) => m,
-            None => {
-                let m =
-                    Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?);
-                if self.regions.len() > 4096 {
-                    self.regions.clear();
+        // The slot's inode and length say whether a mapping made earlier is of this region.
+        let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
+        if !self
+            .last_region
+            .as_ref()
+            .is_some_and(|(k, m)| *k == rkey && current(m))
+        {
+            let map = match self.regions.get(&rkey).filter(|m| current(m)) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = Arc::new(
+                        SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?,
+                    );
+                    if self.regions.len() > 4096 {
+                        self.regions.clear();
+                    }
+                    self.regions.insert(rkey, m.clone());
+                    m
                 }
-                self.regions.insert(rkey, m.clone());
-                m
-            }
-        };
+            };
+            self.last_region = Some((rkey, map));
+        }
+        let (_, map) = self.last_region.as_ref()?;
         Some((map, off as usize))
     }
 }
