@@ -564,7 +564,10 @@ impl ProtectionDomain {
             .port();
         let qp = Arc::new(QpShared {
             qpn,
-            qp: Mutex::new(ferroce_proto::QueuePair::new(qpn, self.id, caps)),
+            qp: Mutex::new(crate::qp::QpCore {
+                proto: ferroce_proto::QueuePair::new(qpn, self.id, caps),
+                peer_memory: None,
+            }),
             send_cq: attr.send_cq.inner.clone(),
             recv_cq: attr.recv_cq.inner.clone(),
             srq: attr.srq.map(|s| s.inner.clone()),

@@ -95,11 +95,33 @@ impl SharedReceiveQueue {
     }
 }
 
+/// What a QP's lock guards: the transport's QP and, on a QP linked over shared memory, its way
+/// into the peer's memory (so a one-sided post takes this one lock). Derefs to the transport's
+/// QP.
+#[derive(Debug)]
+pub(crate) struct QpCore {
+    pub proto: ferroce_proto::QueuePair,
+    pub peer_memory: Option<crate::shm::PeerMemory>,
+}
+
+impl std::ops::Deref for QpCore {
+    type Target = ferroce_proto::QueuePair;
+    fn deref(&self) -> &ferroce_proto::QueuePair {
+        &self.proto
+    }
+}
+
+impl std::ops::DerefMut for QpCore {
+    fn deref_mut(&mut self) -> &mut ferroce_proto::QueuePair {
+        &mut self.proto
+    }
+}
+
 /// What the engine shares with a QP handle.
 #[derive(Debug)]
 pub(crate) struct QpShared {
     pub qpn: u32,
-    pub qp: Mutex<ferroce_proto::QueuePair>,
+    pub qp: Mutex<QpCore>,
     pub send_cq: Arc<CqInner>,
     pub recv_cq: Arc<CqInner>,
     pub srq: Option<Arc<SrqInner>>,
@@ -313,7 +335,14 @@ impl QueuePair {
         }
         if let Some(shm) = self.shared.shm_linked() {
             let mut q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(wc) = crate::shm::direct::execute(&self.ctx.shared, shm, &q, &wr) {
+            let generation = shm.generation.load(std::sync::atomic::Ordering::Acquire);
+            if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
+                q.peer_memory = match &*shm.lock() {
+                    crate::shm::Link::Linked(peer) => Some(peer.memory(generation)),
+                    _ => None,
+                };
+            }
+            if let Some(wc) = crate::shm::direct::execute(&self.ctx.shared, &mut q, &wr) {
                 // Completions of earlier requests the transport finished but the engine has
                 // not delivered yet go first: the CQ sees posting order. All of it under the
                 // QP's lock, as the engine delivers.

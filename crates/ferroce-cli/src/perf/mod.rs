@@ -375,9 +375,12 @@ struct Session {
     cq: CompletionQueue,
     qps: Vec<QueuePair>,
     buf: MemoryRegion,
-    /// Bytes of buffer per QP: a receive area then a send area, each `max_size` long.
+    /// Bytes of buffer per QP: a receive area then a send area, each `area` long.
     slot: usize,
-    max_size: usize,
+    /// The largest message size rounded up to whole pairs of cache lines, so the area the peer
+    /// writes and the one this side writes never share a line (or an adjacent-line prefetch
+    /// pair): a latency test's flag bytes would otherwise bounce one line between the cores.
+    area: usize,
     remote: RemoteRegion,
     conn: cm::Connection,
     mtu: ferroce::PathMtu,
@@ -389,7 +392,7 @@ impl Session {
         q * self.slot
     }
     fn send_off(&self, q: usize) -> usize {
-        q * self.slot + self.max_size
+        q * self.slot + self.area
     }
     fn counter_off(&self) -> usize {
         self.qps.len() * self.slot
@@ -447,7 +450,8 @@ fn setup(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     let max_size = args.sizes().into_iter().max().unwrap_or(8).max(8) as usize;
-    let slot = (2 * max_size).div_ceil(64) * 64;
+    let area = max_size.div_ceil(128) * 128;
+    let slot = 2 * area;
     let buf = pd
         .alloc_mr(slot * nq + 64, Access::ALL)
         .map_err(e("allocating buffers"))?;
@@ -496,7 +500,7 @@ fn setup(
         qps,
         buf,
         slot,
-        max_size,
+        area,
         remote,
         conn,
         mtu,
@@ -544,15 +548,19 @@ fn unsignaled() -> SendFlags {
 }
 
 /// Polls until the last byte of the receive area of QP `q` is `flag`.
-fn wait_flag(s: &Session, off: usize, flag: u8, deadline: Instant) -> Res<()> {
-    let mut b = [0u8];
-    // A WRITE arriving as packets needs the engine, which a CQ poll drives inline; a same-host
-    // peer's WRITE lands in memory with no call here, and a poll in the way only delays seeing
-    // it, so then the CQ is polled only now and then (for an error completion, and the clock).
-    let looks = match s.qps[0].provider() {
+/// How many times `wait_flag` reads the flag byte between two CQ polls. A WRITE arriving as
+/// packets needs the engine, which a CQ poll drives inline; a same-host peer's WRITE lands in
+/// memory with no call here, and a poll in the way only delays seeing it, so then the CQ is
+/// polled only now and then (for an error completion, and the clock).
+fn flag_looks(s: &Session) -> usize {
+    match s.qps[0].provider() {
         ferroce::Provider::Shm => FLAG_LOOKS_PER_POLL_SHM,
         _ => 1,
-    };
+    }
+}
+
+fn wait_flag(s: &Session, off: usize, flag: u8, looks: usize, deadline: Instant) -> Res<()> {
+    let mut b = [0u8];
     loop {
         for _ in 0..looks {
             s.buf.read(off, &mut b).map_err(|e| e.to_string())?;
@@ -659,9 +667,10 @@ fn serve(args: &PerfArgs, listener: &Listener) -> Res<()> {
                 let mut wr = SendWr::new(0, SendOp::Write, sge(&s, s.send_off(0), size)?)
                     .remote(s.remote_addr(s.recv_off(0)), s.remote.rkey)
                     .flags(unsignaled());
+                let looks = flag_looks(&s);
                 for i in 0..iters {
                     let flag = flag_of(i);
-                    wait_flag(&s, s.recv_off(0) + len - 1, flag, deadline)?;
+                    wait_flag(&s, s.recv_off(0) + len - 1, flag, looks, deadline)?;
                     s.buf
                         .write(s.send_off(0) + len - 1, &[flag])
                         .map_err(|e| e.to_string())?;
@@ -900,8 +909,20 @@ fn lat_round(
             .remote(s.remote_addr(s.counter_off()), s.remote.rkey),
         _ => return Err(format!("{} is not a latency test", test_name(args.test))),
     };
-    // One clock read per iteration: an iteration ends where the next begins.
-    let mut t0 = Instant::now();
+    let looks = flag_looks(s);
+    // A sample is the time between two consecutive clock reads, one read per iteration. In the
+    // ping-pong tests (WRITE, SEND) the read comes right after the post, while the message is
+    // on its way and this side would only wait: each interval is still one whole round trip,
+    // but reading the clock is not on the path the peer waits for. (The last interval ends
+    // when the last answer arrives, without a post: one sample in `iters`.)
+    let ping_pong = matches!(args.test, Test::WriteLat | Test::SendLat);
+    let mut last = (!ping_pong).then(Instant::now);
+    let mut lap = |samples: &mut Vec<u64>| {
+        let t = Instant::now();
+        if let Some(l) = last.replace(t) {
+            samples.push((t - l).as_nanos() as u64);
+        }
+    };
     for i in 0..iters {
         wr.wr_id = i;
         match args.test {
@@ -911,10 +932,12 @@ fn lat_round(
                     .write(s.send_off(0) + len - 1, &[flag])
                     .map_err(|e| e.to_string())?;
                 qp.post_send(&wr).map_err(|e| e.to_string())?;
-                wait_flag(s, s.recv_off(0) + len - 1, flag, deadline)?;
+                lap(&mut samples);
+                wait_flag(s, s.recv_off(0) + len - 1, flag, looks, deadline)?;
             }
             Test::SendLat => {
                 qp.post_send(&wr).map_err(|e| e.to_string())?;
+                lap(&mut samples);
                 wait_recv(s, deadline)?;
                 qp.post_recv(RecvWr {
                     wr_id: 0,
@@ -941,9 +964,12 @@ fn lat_round(
             }
             _ => return Err(format!("{} is not a latency test", test_name(args.test))),
         }
-        let t1 = Instant::now();
-        samples.push((t1 - t0).as_nanos() as u64);
-        t0 = t1;
+        if !ping_pong {
+            lap(&mut samples);
+        }
+    }
+    if ping_pong {
+        lap(&mut samples);
     }
     Ok(samples)
 }

@@ -13,7 +13,8 @@ use ferroce_proto::{Access, QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCom
 
 use crate::context::ContextShared;
 use crate::mr::{apply_atomic, MrInner};
-use crate::shm::{Link, ShmQp};
+use crate::qp::QpCore;
+use crate::shm::PeerMemory;
 
 /// The local region a linked QP used last, with the region table's removal count when it was
 /// looked up: while that count holds, the key still names this region (`MrTable::removals`), so
@@ -112,10 +113,13 @@ fn each_local(
 /// nothing is queued before it; returns its completion (to deliver if signaled).
 pub(crate) fn execute(
     shared: &ContextShared,
-    shm: &ShmQp,
-    q: &ferroce_proto::QueuePair,
+    core: &mut QpCore,
     wr: &SendWr,
 ) -> Option<WorkCompletion> {
+    let QpCore {
+        proto: q,
+        peer_memory,
+    } = core;
     if q.state() != QpState::Rts || !q.is_send_queue_empty() || q.check_send(wr).is_err() {
         return None;
     }
@@ -126,10 +130,7 @@ pub(crate) fn execute(
         SendOp::FetchAdd { .. } => (Access::REMOTE_ATOMIC, WcOpcode::FetchAdd),
         _ => return None,
     };
-    let mut link = shm.lock();
-    let Link::Linked(peer) = &mut *link else {
-        return None;
-    };
+    let peer = peer_memory.as_mut()?;
     let pd = q.pd();
     let len: u64 = wr.data_len();
     // Taken out of the link for the call, so the remote mapping `resolve` lends can live beside
@@ -153,7 +154,7 @@ pub(crate) fn execute(
 /// The copy or atomic of `execute`, once the QP admitted the request.
 fn one_sided(
     shared: &ContextShared,
-    peer: &mut crate::shm::PeerLink,
+    peer: &mut PeerMemory,
     cache: &mut Option<CachedLocal>,
     pd: u32,
     wr: &SendWr,

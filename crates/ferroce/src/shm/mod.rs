@@ -355,8 +355,21 @@ pub(crate) struct PeerLink {
     /// The hello connection this side opened (wake-ups go down it).
     out: OwnedFd,
     pid: u32,
-    table: KeyTable,
-    page: QpPage,
+    table: Arc<KeyTable>,
+    page: Arc<QpPage>,
+}
+
+/// A linked QP's way into its peer's memory, for one-sided operations done in `post_send`. It
+/// lives under the QP's own lock (beside the transport's QP, see `qp::QpCore`), so such a post
+/// takes that one lock and nothing else; it is made from the [`PeerLink`] and remade when the
+/// link's generation moves on.
+#[derive(Debug)]
+pub(crate) struct PeerMemory {
+    /// The `ShmQp::generation` of the link it was made from.
+    pub(crate) generation: u64,
+    pid: u32,
+    table: Arc<KeyTable>,
+    page: Arc<QpPage>,
     /// Peer regions mapped so far, by key.
     regions: HashMap<u32, Arc<SharedMap>>,
     /// The peer region used last (a stream of operations mostly names one rkey), so the common
@@ -387,6 +400,8 @@ pub(crate) struct ShmQp {
     pub link: Mutex<Link>,
     /// Whether `link` is `Linked` (read without the lock on hot paths).
     pub linked: AtomicBool,
+    /// Counts the links made, so a [`PeerMemory`] made from an earlier one is not used.
+    pub generation: std::sync::atomic::AtomicU64,
 }
 
 impl ShmQp {
@@ -395,6 +410,7 @@ impl ShmQp {
             page: QpPage::create()?,
             link: Mutex::new(Link::Off),
             linked: AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -775,12 +791,10 @@ fn complete(qp: &ShmQp, link: &mut Link, offer: Offer) -> io::Result<()> {
     *link = Link::Linked(Box::new(PeerLink {
         out,
         pid: offer.pid,
-        table,
-        page,
-        regions: HashMap::new(),
-        last_region: None,
-        last_local: None,
+        table: Arc::new(table),
+        page: Arc::new(page),
     }));
+    qp.generation.fetch_add(1, Ordering::AcqRel);
     qp.linked.store(true, Ordering::Release);
     Ok(())
 }
@@ -808,6 +822,21 @@ impl PeerLink {
         }
     }
 
+    /// A fresh way into the peer's memory, stamped with the link's `generation`.
+    pub(crate) fn memory(&self, generation: u64) -> PeerMemory {
+        PeerMemory {
+            generation,
+            pid: self.pid,
+            table: self.table.clone(),
+            page: self.page.clone(),
+            regions: HashMap::new(),
+            last_region: None,
+            last_local: None,
+        }
+    }
+}
+
+impl PeerMemory {
     /// The peer's region for `rkey`, checked against what an access through the peer QP needs:
     /// the QP serves (RTR/RTS/SQD, with the right enabled), the key is current, in the QP's
     /// protection domain, has the rights, and `addr..addr+len` lies inside it. Returns the
