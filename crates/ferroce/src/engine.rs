@@ -112,6 +112,8 @@ pub(crate) struct EngineState {
     shm_rx: Vec<u8>,
     /// When the UDP socket was last read (ns on the context clock).
     udp_polled: u64,
+    /// Whether the last read of the socket got anything (the next reads a whole batch).
+    rx_more: bool,
 }
 
 impl std::fmt::Debug for EngineState {
@@ -134,6 +136,7 @@ impl EngineState {
             next_deadline: None,
             shm_rx: vec![0u8; MAX_DATAGRAM],
             udp_polled: 0,
+            rx_more: false,
         }
     }
 }
@@ -206,7 +209,12 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
     for _batch in 0..batches {
         // A receive error on a UDP socket (an ICMP error from an earlier send) is not ours
         // to handle: the transport's retransmission covers whatever it cost.
-        let n = st.rx.recv(fd).unwrap_or_default();
+        // A socket that was empty at the last look most likely holds one datagram now (a
+        // ping-pong's): asking for one returns with it at once, where a batch read would first
+        // try for a second and find the queue empty. After a datagram, read whole batches.
+        let asked = if st.rx_more { BATCH } else { 1 };
+        let n = st.rx.recv(fd, asked).unwrap_or_default();
+        st.rx_more = n > 0;
         if n == 0 {
             break;
         }
@@ -228,7 +236,7 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
                 c.malformed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if n < BATCH {
+        if n < asked {
             break;
         }
     }
@@ -399,7 +407,8 @@ fn transmit_qp(
             }
         }
         let bytes: usize = st.tx_lens[..k].iter().sum();
-        match send_all(shared, qp.send_fd(), &st.tx[..k], &st.tx_lens[..k], &peer) {
+        // The QP's socket is connected to `peer` (see `modify_to_rtr_with_port`).
+        match send_all(shared, qp.send_fd(), &st.tx[..k], &st.tx_lens[..k]) {
             Ok(sent) => {
                 shared
                     .counters
@@ -503,18 +512,17 @@ pub(crate) fn peer_gone(qp: &QpShared) {
     qp.publish_state(&q);
 }
 
-/// Sends the packets in order: runs of equal-size packets with one GSO send each (where the
+/// Sends the packets in order, to the peer `fd` is connected to: runs of equal-size packets with one GSO send each (where the
 /// kernel has UDP segmentation offload), the others with `sendmmsg`.
 fn send_all(
     shared: &ContextShared,
     fd: std::os::fd::RawFd,
     bufs: &[Vec<u8>],
     lens: &[usize],
-    peer: &SocketAddr,
 ) -> std::io::Result<usize> {
     let k = lens.len();
     if !shared.gso.load(Ordering::Relaxed) {
-        return sys::send_batch(fd, bufs, lens, peer);
+        return sys::send_batch(fd, bufs, lens, None);
     }
     let mut i = 0;
     let mut sent = 0;
@@ -523,7 +531,7 @@ fn send_all(
         // small ones (a ping-pong's request and ACK) go faster through sendmmsg.
         let run = sys::gso_run(&lens[i..k]);
         if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
-            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], peer) {
+            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], None) {
                 Ok(n) => sent += n,
                 Err(e) => {
                     // No GSO here (or not for this socket): fall back for good. A passing
@@ -535,7 +543,7 @@ fn send_all(
                     if unsupported {
                         shared.gso.store(false, Ordering::Relaxed);
                     }
-                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], peer)?;
+                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], None)?;
                 }
             }
             i += run;
@@ -545,7 +553,7 @@ fn send_all(
             {
                 j += 1;
             }
-            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], peer)?;
+            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], None)?;
             i = j;
         }
     }

@@ -254,8 +254,14 @@ impl QueuePair {
                 attr.dest_gid
             )));
         }
-        self.with(|q| q.modify_to_rtr(attr))?;
         let dest = SocketAddr::new(peer_ip, dest_udp_port);
+        // The QP's socket sends only to its peer: connected, the kernel keeps the route instead
+        // of looking it up for every datagram (the engine sends with no address).
+        self.shared
+            .send_socket
+            .connect(dest)
+            .map_err(|e| Error::io(format!("connecting the QP's UDP socket to {dest}"), e))?;
+        self.with(|q| q.modify_to_rtr(attr))?;
         *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(dest);
         if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
             let linked = host

@@ -138,9 +138,10 @@ impl RecvBatch {
         }
     }
 
-    /// Reads up to `BATCH` messages without blocking; returns how many arrived.
-    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        for h in &mut self.hdrs {
+    /// Reads up to `max` (at most `BATCH`) messages without blocking; returns how many arrived.
+    pub fn recv(&mut self, fd: RawFd, max: usize) -> io::Result<usize> {
+        let max = max.clamp(1, BATCH);
+        for h in &mut self.hdrs[..max] {
             // The kernel shrinks these to what it wrote; give the full room back each call.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_controllen = CMSG_SPACE_INT as _;
@@ -154,7 +155,7 @@ impl RecvBatch {
             libc::recvmmsg(
                 fd,
                 self.hdrs.as_mut_ptr(),
-                BATCH as libc::c_uint,
+                max as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
@@ -242,21 +243,40 @@ pub(crate) fn gso_run(lens: &[usize]) -> usize {
     n
 }
 
+/// The destination address of a send: `None` for a connected socket (no name, so the kernel
+/// uses the route it cached at `connect` instead of looking one up per datagram).
+fn dest_name(dest: Option<&SocketAddr>) -> (libc::sockaddr_storage, libc::socklen_t) {
+    match dest {
+        Some(d) => std_to_sockaddr(d),
+        // SAFETY: plain old data; zero is valid.
+        None => (unsafe { zeroed() }, 0),
+    }
+}
+
+/// The `msg_name` pointer for an address from `dest_name`: null when there is none.
+fn name_ptr(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> *mut libc::c_void {
+    if len == 0 {
+        std::ptr::null_mut()
+    } else {
+        ss as *const libc::sockaddr_storage as *mut libc::c_void
+    }
+}
+
 /// Sends `bufs[i][..lens[i]]` for every i as ONE send with UDP segmentation offload: the kernel
 /// cuts it into datagrams of `lens[0]` bytes (the last may be shorter). `lens` must be a run as
-/// [`gso_run`] finds. Returns the number of datagrams sent.
+/// [`gso_run`] finds. Returns the number of datagrams sent (to `dest`, or where the socket is connected).
 pub(crate) fn send_gso(
     fd: RawFd,
     bufs: &[Vec<u8>],
     lens: &[usize],
-    dest: &SocketAddr,
+    dest: Option<&SocketAddr>,
 ) -> io::Result<usize> {
     let n = lens.len().min(bufs.len());
     if n < 2 || gso_run(&lens[..n]) != n {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a GSO run"));
     }
     let seg = lens[0];
-    let (ss, sslen) = std_to_sockaddr(dest);
+    let (ss, sslen) = dest_name(dest);
     let mut iovs = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
@@ -278,7 +298,7 @@ pub(crate) fn send_gso(
     ctl[hdr..hdr + 2].copy_from_slice(&(seg as u16).to_ne_bytes());
     // SAFETY: plain old data; zero is valid.
     let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_name = &ss as *const libc::sockaddr_storage as *mut libc::c_void;
+    msg.msg_name = name_ptr(&ss, sslen);
     msg.msg_namelen = sslen;
     msg.msg_iov = iovs.as_mut_ptr();
     msg.msg_iovlen = n as _;
@@ -298,15 +318,15 @@ pub(crate) fn send_gso(
     }
 }
 
-/// Sends `lens[i]` bytes of `bufs[i]`, for every i, to `dest` with as few `sendmmsg` calls as
-/// possible; returns how many datagrams were sent.
+/// Sends `lens[i]` bytes of `bufs[i]`, for every i, to `dest` (or where the socket is connected)
+/// with as few `sendmmsg` calls as possible; returns how many datagrams were sent.
 pub(crate) fn send_batch(
     fd: RawFd,
     bufs: &[Vec<u8>],
     lens: &[usize],
-    dest: &SocketAddr,
+    dest: Option<&SocketAddr>,
 ) -> io::Result<usize> {
-    let (ss, sslen) = std_to_sockaddr(dest);
+    let (ss, sslen) = dest_name(dest);
     let n = lens.len().min(bufs.len()).min(BATCH);
     let mut iovs = [libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -319,7 +339,7 @@ pub(crate) fn send_batch(
             iov_base: bufs[i].as_ptr() as *mut libc::c_void,
             iov_len: lens[i].min(bufs[i].len()),
         };
-        hdrs[i].msg_hdr.msg_name = &ss as *const libc::sockaddr_storage as *mut libc::c_void;
+        hdrs[i].msg_hdr.msg_name = name_ptr(&ss, sslen);
         hdrs[i].msg_hdr.msg_namelen = sslen;
         hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
         hdrs[i].msg_hdr.msg_iovlen = 1;

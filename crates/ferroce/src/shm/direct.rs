@@ -12,7 +12,7 @@ use ferroce_proto::memory::AtomicOp;
 use ferroce_proto::{Access, QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::context::ContextShared;
-use crate::mr::{apply_atomic, MrInner};
+use crate::mr::{apply_atomic, copy_bytes, MrInner};
 use crate::qp::QpCore;
 use crate::shm::PeerMemory;
 
@@ -173,12 +173,12 @@ fn one_sided(
             if let Some(data) = &wr.inline_data {
                 // SAFETY: the source is a live local buffer of `len` bytes; the destination is
                 // the checked remote range.
-                unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+                unsafe { copy_bytes(data.as_ptr(), dst, data.len()) };
             } else {
                 each_local(shared, cache, wr, false, |src, at, n| {
                     // SAFETY: `src` covers `n` bytes of a local region; `at + n <= len`, so the
                     // destination lies inside the checked remote range.
-                    unsafe { std::ptr::copy(src, dst.add(at), n) }
+                    unsafe { copy_bytes(src, dst.add(at), n) }
                 })?;
             }
         }
@@ -189,7 +189,7 @@ fn one_sided(
             let src = unsafe { map.ptr().add(base) };
             each_local(shared, cache, wr, true, |dst, at, n| {
                 // SAFETY: as for WRITE, in the other direction.
-                unsafe { std::ptr::copy(src.add(at), dst, n) }
+                unsafe { copy_bytes(src.add(at), dst, n) }
             })?;
         }
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
