@@ -3,6 +3,8 @@
 #   scripts/bench.sh            # all figures
 #   ITERS=20000 scripts/bench.sh
 # Prints one table; ratios are what to compare across machines, not absolute figures.
+# Every ferroce figure is over UDP (--provider udp): on loopback the automatic choice would be
+# the shared-memory provider, which scripts/bench_shm.sh measures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p ferroce-cli -p udp-baseline
@@ -16,12 +18,12 @@ $U pingpong --size 8 --iters "$ITERS" --json > "$tmp/udp_pp.json"
 $U stream --size 4096 --bytes $((1 << 30)) --mode sendmmsg --json > "$tmp/udp_mmsg.json"
 $U stream --size 4096 --bytes $((1 << 30)) --mode gso --json > "$tmp/udp_gso.json"
 for t in write_lat read_lat send_lat atomic_lat; do
-  $F perf $t --loopback --size 8 --iters "$ITERS" --json > "$tmp/$t.json" 2>/dev/null ||
-    $F perf $t --loopback --iters "$ITERS" --json > "$tmp/$t.json"
+  $F perf $t --loopback --provider udp --size 8 --iters "$ITERS" --json > "$tmp/$t.json" 2>/dev/null ||
+    $F perf $t --loopback --provider udp --iters "$ITERS" --json > "$tmp/$t.json"
 done
-$F perf write_bw --loopback --size 65536 --iters 20000 --json > "$tmp/write_bw_64k.json"
-$F perf write_bw --loopback --size 1048576 --iters 2000 --json > "$tmp/write_bw_1m.json"
-$F perf read_bw --loopback --size 1048576 --iters 2000 --json > "$tmp/read_bw_1m.json"
+$F perf write_bw --loopback --provider udp --size 65536 --iters 20000 --json > "$tmp/write_bw_64k.json"
+$F perf write_bw --loopback --provider udp --size 1048576 --iters 2000 --json > "$tmp/write_bw_1m.json"
+$F perf read_bw --loopback --provider udp --size 1048576 --iters 2000 --json > "$tmp/read_bw_1m.json"
 
 python3 - "$tmp" <<'PY'
 import json, sys, os

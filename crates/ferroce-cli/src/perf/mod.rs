@@ -561,6 +561,7 @@ fn flag_looks(s: &Session) -> usize {
 
 fn wait_flag(s: &Session, off: usize, flag: u8, looks: usize, deadline: Instant) -> Res<()> {
     let mut b = [0u8];
+    let mut polls = 0u64;
     loop {
         for _ in 0..looks {
             s.buf.read(off, &mut b).map_err(|e| e.to_string())?;
@@ -572,11 +573,15 @@ fn wait_flag(s: &Session, off: usize, flag: u8, looks: usize, deadline: Instant)
         if let Some(wc) = s.cq.poll_one().map_err(|e| e.to_string())? {
             check_wc(&wc)?;
         }
-        if Instant::now() > deadline {
+        polls += 1;
+        if polls % POLLS_PER_CLOCK_READ == 0 && Instant::now() > deadline {
             return Err("the peer stopped answering".into());
         }
     }
 }
+
+/// How many CQ polls `wait_flag` makes between two looks at the clock (for its deadline).
+const POLLS_PER_CLOCK_READ: u64 = 16;
 
 /// Polls until a receive completion arrives.
 fn wait_recv(s: &Session, deadline: Instant) -> Res<WorkCompletion> {
