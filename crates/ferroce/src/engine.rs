@@ -509,6 +509,7 @@ pub(crate) fn peer_gone(qp: &QpShared) {
     }
     let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
     q.modify_to_error();
+    q.peer_memory = None;
     qp.publish_state(&q);
 }
 

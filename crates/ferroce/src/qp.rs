@@ -291,7 +291,13 @@ impl QueuePair {
 
     /// Any state → RESET.
     pub fn reset(&self) {
-        self.with(|q| q.reset());
+        {
+            let mut core = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            core.reset();
+            // Let go of the peer's mappings now rather than at the next link.
+            core.peer_memory = None;
+            self.shared.publish_state(&core);
+        }
         *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(shm) = &self.shared.shm {
             shm.linked
