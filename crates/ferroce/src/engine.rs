@@ -523,7 +523,7 @@ fn send_all(
 ) -> std::io::Result<usize> {
     let k = lens.len();
     if !shared.gso.load(Ordering::Relaxed) {
-        return sys::send_batch(fd, bufs, lens, None);
+        return sys::send_batch(fd, bufs, lens);
     }
     let mut i = 0;
     let mut sent = 0;
@@ -532,7 +532,7 @@ fn send_all(
         // small ones (a ping-pong's request and ACK) go faster through sendmmsg.
         let run = sys::gso_run(&lens[i..k]);
         if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
-            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], None) {
+            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run]) {
                 Ok(n) => sent += n,
                 Err(e) => {
                     // No GSO here (or not for this socket): fall back for good. A passing
@@ -544,7 +544,7 @@ fn send_all(
                     if unsupported {
                         shared.gso.store(false, Ordering::Relaxed);
                     }
-                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], None)?;
+                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run])?;
                 }
             }
             i += run;
@@ -554,7 +554,7 @@ fn send_all(
             {
                 j += 1;
             }
-            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], None)?;
+            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j])?;
             i = j;
         }
     }

@@ -152,6 +152,31 @@ impl MrInner {
         self.ptr.as_ptr() as u64
     }
 
+    /// The offset of `addr..addr + len` in the region, if a request under `key` in protection
+    /// domain `pd` that needs `need` may touch it there (the checks every access path makes).
+    pub(crate) fn admit(
+        &self,
+        key: u32,
+        pd: u32,
+        need: Access,
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<usize, MemoryError> {
+        if self.pd != pd {
+            return Err(MemoryError::InvalidKey(key));
+        }
+        if !self.access.contains(need) {
+            return Err(MemoryError::AccessDenied);
+        }
+        let off = addr
+            .checked_sub(self.addr())
+            .ok_or(MemoryError::OutOfBounds { addr, len })?;
+        match off.checked_add(len) {
+            Some(end) if end <= self.len as u64 => Ok(off as usize),
+            _ => Err(MemoryError::OutOfBounds { addr, len }),
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -350,24 +375,10 @@ impl EngineMemory<'_> {
         len: u64,
         need: Access,
     ) -> std::result::Result<(Arc<MrInner>, usize), MemoryError> {
-        let mr = self.table.get(key).ok_or(MemoryError::InvalidKey(key))?;
-        if mr.pd != pd {
-            return Err(MemoryError::InvalidKey(key));
-        }
-        if !mr.access.contains(need) {
-            return Err(MemoryError::AccessDenied);
-        }
         let _ = kind;
-        let off = addr
-            .checked_sub(mr.addr())
-            .ok_or(MemoryError::OutOfBounds { addr, len })?;
-        let end = off
-            .checked_add(len)
-            .ok_or(MemoryError::OutOfBounds { addr, len })?;
-        if end > mr.len() as u64 {
-            return Err(MemoryError::OutOfBounds { addr, len });
-        }
-        Ok((mr, off as usize))
+        let mr = self.table.get(key).ok_or(MemoryError::InvalidKey(key))?;
+        let off = mr.admit(key, pd, need, addr, len)?;
+        Ok((mr, off))
     }
 }
 

@@ -26,6 +26,13 @@ pub(crate) struct CachedLocal {
     mr: Arc<MrInner>,
 }
 
+impl CachedLocal {
+    /// Whether this is still the region of `key`.
+    fn holds(&self, shared: &ContextShared, key: u32) -> bool {
+        self.key == key && self.removals == shared.mrs.removals()
+    }
+}
+
 /// A local region found through the cache or the table.
 enum LocalMr<'a> {
     Cached(&'a MrInner),
@@ -48,9 +55,7 @@ fn local_mr<'a>(
     key: u32,
 ) -> Option<LocalMr<'a>> {
     match cache {
-        Some(c) if c.key == key && c.removals == shared.mrs.removals() => {
-            Some(LocalMr::Cached(&c.mr))
-        }
+        Some(c) if c.holds(shared, key) => Some(LocalMr::Cached(&c.mr)),
         _ => shared.mrs.get(key).map(LocalMr::Looked),
     }
 }
@@ -65,9 +70,7 @@ fn check_locals(
     need: Access,
 ) -> Option<()> {
     for sge in &wr.sgl {
-        let hit =
-            matches!(cache, Some(c) if c.key == sge.lkey && c.removals == shared.mrs.removals());
-        if !hit {
+        if !cache.as_ref().is_some_and(|c| c.holds(shared, sge.lkey)) {
             let removals = shared.mrs.removals();
             let mr = shared.mrs.get(sge.lkey)?;
             *cache = Some(CachedLocal {
@@ -77,13 +80,8 @@ fn check_locals(
             });
         }
         let mr = &cache.as_ref()?.mr;
-        if mr.pd != pd || !mr.access.contains(need) {
-            return None;
-        }
-        let offset = sge.addr.checked_sub(mr.addr())?;
-        if offset.checked_add(u64::from(sge.length))? > mr.len() as u64 {
-            return None;
-        }
+        mr.admit(sge.lkey, pd, need, sge.addr, u64::from(sge.length))
+            .ok()?;
     }
     Some(())
 }
