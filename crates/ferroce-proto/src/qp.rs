@@ -142,19 +142,23 @@ impl QueuePair {
     // ---- getters ------------------------------------------------------------------------
 
     /// What remote peers may do through this QP (set at INIT).
+    #[inline]
     pub fn access(&self) -> Access {
         self.params.access
     }
 
     /// The QP number.
+    #[inline]
     pub fn qpn(&self) -> u32 {
         self.params.qpn
     }
     /// The protection domain.
+    #[inline]
     pub fn pd(&self) -> u32 {
         self.params.pd
     }
     /// The current state.
+    #[inline]
     pub fn state(&self) -> QpState {
         self.state
     }
@@ -195,6 +199,7 @@ impl QueuePair {
         self.resp.expected_psn()
     }
     /// Whether the send queue is drained: nothing posted is waiting or unacknowledged.
+    #[inline]
     pub fn is_send_queue_empty(&self) -> bool {
         self.req.len() == 0
     }
@@ -320,6 +325,7 @@ impl QueuePair {
     /// Whether `wr` could be posted now (state, scatter/gather list, inline data, atomic
     /// buffer, length), without posting it: what [`Self::post_send`] checks before queueing,
     /// except the queue's capacity.
+    #[inline]
     pub fn check_send(&self, wr: &SendWr) -> Result<(), PostError> {
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error => {}
@@ -492,6 +498,7 @@ impl QueuePair {
     }
 
     /// The next work completion, in the order the IBTA requires (posting order per queue).
+    #[inline]
     pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
         self.completions.pop_front()
     }

@@ -127,6 +127,7 @@ impl SendWr {
     }
 
     /// Total bytes the SGL (or inline data) describes.
+    #[inline]
     pub fn data_len(&self) -> u64 {
         match &self.inline_data {
             Some(d) => d.len() as u64,

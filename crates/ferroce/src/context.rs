@@ -247,7 +247,7 @@ impl ContextShared {
         if let Some(qp) = gone {
             // Whatever the engine still counts for it in a pass already under way is lost; a
             // packet that arrives from now on counts as for an unknown QPN.
-            let c = *qp.qp.lock().unwrap_or_else(|e| e.into_inner()).counters();
+            let c = *qp.qp.lock().counters();
             self.retired_qp_counters
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -476,7 +476,7 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         for qp in shared.live_qps() {
-            qps.add(qp.qp.lock().unwrap_or_else(|e| e.into_inner()).counters());
+            qps.add(qp.qp.lock().counters());
         }
         let c = &shared.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -564,7 +564,7 @@ impl ProtectionDomain {
             .port();
         let qp = Arc::new(QpShared {
             qpn,
-            qp: Mutex::new(crate::qp::QpCore {
+            qp: crate::spin::SpinLock::new(crate::qp::QpCore {
                 proto: ferroce_proto::QueuePair::new(qpn, self.id, caps),
                 peer_memory: None,
             }),

@@ -261,7 +261,7 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
     let qps = std::mem::take(&mut st.qps);
     for qp in &qps {
         {
-            let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = qp.qp.lock();
             if q.next_timeout().is_some_and(|t| t <= now) {
                 q.handle_timeout(now);
             }
@@ -280,11 +280,7 @@ fn note_deadline(st: &mut EngineState, qp: &QpShared) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .map(|h| h.deadline);
-    let timer = qp
-        .qp
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .next_timeout();
+    let timer = qp.qp.lock().next_timeout();
     let deadline = match (timer, held) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -317,7 +313,7 @@ fn transmit_qp(
             None => TAKE,
         };
         {
-            let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = qp.qp.lock();
             let mut mem = EngineMemory { table: &shared.mrs };
             while k < take {
                 let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else {
@@ -507,7 +503,7 @@ pub(crate) fn peer_gone(qp: &QpShared) {
         s.linked.store(false, Ordering::Release);
         *s.lock() = crate::shm::Link::Broken;
     }
-    let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+    let mut q = qp.qp.lock();
     q.modify_to_error();
     q.peer_memory = None;
     qp.publish_state(&q);
@@ -624,7 +620,7 @@ fn hand_over(
     bytes: &[u8],
 ) {
     let c = &shared.counters;
-    let mut q = qp.qp.lock().unwrap_or_else(|e| e.into_inner());
+    let mut q = qp.qp.lock();
     if let Some(srq) = &qp.srq {
         // A message that needs a receive request takes one from the SRQ at the moment it is
         // due, so requests are not parked on QPs that do not need them.

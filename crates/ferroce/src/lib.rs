@@ -56,6 +56,7 @@ mod error;
 mod mr;
 mod qp;
 mod shm;
+mod spin;
 mod sys;
 
 pub use context::{Context, ContextCounters, ContextOptions, ProtectionDomain};

@@ -121,7 +121,7 @@ impl std::ops::DerefMut for QpCore {
 #[derive(Debug)]
 pub(crate) struct QpShared {
     pub qpn: u32,
-    pub qp: Mutex<QpCore>,
+    pub qp: crate::spin::SpinLock<QpCore>,
     pub send_cq: Arc<CqInner>,
     pub recv_cq: Arc<CqInner>,
     pub srq: Option<Arc<SrqInner>>,
@@ -201,7 +201,7 @@ impl QueuePair {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut ferroce_proto::QueuePair) -> T) -> T {
-        let mut q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.shared.qp.lock();
         let r = f(&mut q);
         self.shared.publish_state(&q);
         r
@@ -292,7 +292,7 @@ impl QueuePair {
     /// Any state → RESET.
     pub fn reset(&self) {
         {
-            let mut core = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut core = self.shared.qp.lock();
             core.reset();
             // Let go of the peer's mappings now rather than at the next link.
             core.peer_memory = None;
@@ -346,7 +346,7 @@ impl QueuePair {
             }
         }
         if let Some(shm) = self.shared.shm_linked() {
-            let mut q = self.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = self.shared.qp.lock();
             let generation = shm.generation.load(std::sync::atomic::Ordering::Acquire);
             if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
                 q.peer_memory = match &*shm.lock() {
@@ -358,17 +358,21 @@ impl QueuePair {
                 // Completions of earlier requests the transport finished but the engine has
                 // not delivered yet go first: the CQ sees posting order. All of it under the
                 // QP's lock, as the engine delivers.
-                let mut wcs: Vec<_> = std::iter::from_fn(|| q.poll_completion()).collect();
-                if wcs.is_empty() {
+                match q.poll_completion() {
                     // The common case, without building a list.
-                    if wr.flags.signaled {
-                        self.shared.send_cq.push(&[wc]);
+                    None => {
+                        if wr.flags.signaled {
+                            self.shared.send_cq.push(&[wc]);
+                        }
                     }
-                } else {
-                    if wr.flags.signaled {
-                        wcs.push(wc);
+                    Some(first) => {
+                        let mut wcs = vec![first];
+                        wcs.extend(std::iter::from_fn(|| q.poll_completion()));
+                        if wr.flags.signaled {
+                            wcs.push(wc);
+                        }
+                        crate::engine::route_completions(&self.shared, &mut wcs);
                     }
-                    crate::engine::route_completions(&self.shared, &mut wcs);
                 }
                 return Ok(false);
             }

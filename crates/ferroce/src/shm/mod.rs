@@ -254,8 +254,25 @@ impl KeyTable {
         seq.store(start + 1, Ordering::Release);
     }
 
-    /// A consistent read of the slot `key` names, if it holds that key.
-    pub(crate) fn lookup(&self, key: u32) -> Option<PublishedRegion> {
+    /// The sequence number of the slot `key` names, if it is at rest (not being rewritten):
+    /// while it stays the same, so does the slot (every rewrite moves it on), so a reader that
+    /// keeps what it read under a number need not read the slot again.
+    #[inline]
+    fn seq_at_rest(&self, key: u32) -> Option<u64> {
+        let index = (key >> 8) as usize;
+        if index >= TABLE_SLOTS {
+            return None;
+        }
+        let seq = self
+            .map
+            .u64_at(self.slot(index) + S_SEQ)
+            .load(Ordering::Acquire);
+        (seq & 1 == 0).then_some(seq)
+    }
+
+    /// A consistent read of the slot `key` names, if it holds that key, with the slot's
+    /// sequence number at the time.
+    fn lookup(&self, key: u32) -> Option<(PublishedRegion, u64)> {
         let index = (key >> 8) as usize;
         if index >= TABLE_SLOTS || key & 0xff == 0 {
             return None;
@@ -279,7 +296,7 @@ impl KeyTable {
             };
             std::sync::atomic::fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == before {
-                return (r.key == key).then_some(r);
+                return (r.key == key).then_some((r, before));
             }
         }
         None
@@ -349,6 +366,15 @@ impl QpPage {
     }
 }
 
+/// The peer region a QP used last: what its key-table slot said, under which sequence number,
+/// and its mapping.
+#[derive(Debug)]
+struct LastRegion {
+    region: PublishedRegion,
+    seq: u64,
+    map: Arc<SharedMap>,
+}
+
 /// A linked QP's view of its peer.
 #[derive(Debug)]
 pub(crate) struct PeerLink {
@@ -374,7 +400,7 @@ pub(crate) struct PeerMemory {
     regions: HashMap<u32, Arc<SharedMap>>,
     /// The peer region used last (a stream of operations mostly names one rkey), so the common
     /// case needs no hash lookup.
-    last_region: Option<(u32, Arc<SharedMap>)>,
+    last_region: Option<LastRegion>,
     /// This side's region used last by a local SGE (see `direct`).
     pub(crate) last_local: Option<direct::CachedLocal>,
 }
@@ -849,7 +875,19 @@ impl PeerMemory {
         need: Access,
     ) -> Option<(&SharedMap, usize)> {
         let pd = self.page.serves(need)?;
-        let r = self.table.lookup(rkey)?;
+        // The common case: the key used last, its slot unchanged since (one load, where a
+        // full read of the slot is eight and a check of the number after them).
+        let cached = self
+            .last_region
+            .as_ref()
+            .filter(|l| l.region.key == rkey && self.table.seq_at_rest(rkey) == Some(l.seq));
+        let (r, seq) = match cached {
+            Some(l) => (l.region, None),
+            None => {
+                let (r, seq) = self.table.lookup(rkey)?;
+                (r, Some(seq))
+            }
+        };
         if r.pd != pd || !r.access.contains(need) || r.fd < 0 {
             return None;
         }
@@ -857,13 +895,9 @@ impl PeerMemory {
         if off.checked_add(len)? > r.len {
             return None;
         }
-        // The slot's inode and length say whether a mapping made earlier is of this region.
-        let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
-        if !self
-            .last_region
-            .as_ref()
-            .is_some_and(|(k, m)| *k == rkey && current(m))
-        {
+        if let Some(seq) = seq {
+            // The slot's inode and length say whether a mapping made earlier is of this region.
+            let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
             let map = match self.regions.get(&rkey).filter(|m| current(m)) {
                 Some(m) => m.clone(),
                 None => {
@@ -877,9 +911,13 @@ impl PeerMemory {
                     m
                 }
             };
-            self.last_region = Some((rkey, map));
+            self.last_region = Some(LastRegion {
+                region: r,
+                seq,
+                map,
+            });
         }
-        let (_, map) = self.last_region.as_ref()?;
-        Some((map, off as usize))
+        let l = self.last_region.as_ref()?;
+        Some((&l.map, off as usize))
     }
 }
