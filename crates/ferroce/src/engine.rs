@@ -236,7 +236,10 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
                 c.malformed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if n < asked {
+        // A lone datagram taken after an empty look is most likely what an application
+        // waits for: it goes to its QP now, and the batch read that follows waits for the
+        // next pass (here it cost a system call between the arrival and the application).
+        if n < asked || asked == 1 {
             break;
         }
     }
