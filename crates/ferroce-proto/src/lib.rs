@@ -24,6 +24,6 @@ pub use attr::{InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr};
 pub use completion::{WcOpcode, WcStatus, WorkCompletion};
 pub use counters::Counters;
 pub use memory::{Access, AtomicOp, KeyKind, Memory, MemoryError, Sge, VecMemory};
-pub use qp::{QpState, QueuePair};
+pub use qp::{QpState, QueuePair, UNASKED_RUN};
 pub use time::Instant;
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr};

@@ -83,6 +83,9 @@ pub(crate) struct Params {
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
     pub min_rnr_timer: u8,
+    /// How many unsignaled SEND/WRITE messages in a row may go without asking for an ACK
+    /// (0: every message asks), set by [`QueuePair::set_peer_acks_unasked`].
+    pub unasked_run: u32,
 }
 
 /// What the requester and responder share with the QP during one call.
@@ -98,6 +101,11 @@ pub(crate) struct Ctx<'a> {
 /// Pending receive completions of the responder and send completions of the requester are
 /// merged in the QP's completion queue in the order they happen.
 pub(crate) type CompletionQueue = VecDeque<WorkCompletion>;
+
+/// Most unsignaled messages in a row that go without asking for an ACK when the peer
+/// acknowledges unasked requests (see [`QueuePair::set_peer_acks_unasked`]); at most half the
+/// send queue, so unacknowledged requests never fill it.
+pub const UNASKED_RUN: u32 = 16;
 
 /// An RC queue pair.
 #[derive(Debug)]
@@ -129,6 +137,7 @@ impl QueuePair {
                 max_rd_atomic: 1,
                 max_dest_rd_atomic: 1,
                 min_rnr_timer: 12,
+                unasked_run: 0,
             },
             caps,
             state: QpState::Reset,
@@ -291,6 +300,24 @@ impl QueuePair {
         self.completions.clear();
     }
 
+    /// Tells the requester whether the peer's responder acknowledges requests that do not ask
+    /// for it (the AckReq bit clear) within [`crate::responder::UNASKED_ACK_DELAY`], as
+    /// ferroce's does. Then an unsignaled SEND or WRITE need not ask: nobody waits for its
+    /// completion, and the peer's next ACK covers it. In a ping-pong that saves the responder
+    /// an ACK per message — over UDP a datagram through the kernel on each side. Signaled
+    /// requests, READs, atomics, retransmissions and every [`UNASKED_RUN`]th message still ask,
+    /// and so does everything while the local ACK timeout is shorter than four times the delay
+    /// (the retransmission timer must not fire for an ACK the peer merely holds). Off by
+    /// default: a responder that acknowledges only what asks (Linux rxe) would leave an
+    /// unsignaled last request to the retransmission timer. Allowed in any state.
+    pub fn set_peer_acks_unasked(&mut self, on: bool) {
+        self.params.unasked_run = if on {
+            UNASKED_RUN.min(self.caps.max_send_wr / 2)
+        } else {
+            0
+        };
+    }
+
     /// Changes the path MTU (allowed in RTR, RTS and SQD; takes effect for new messages).
     pub fn set_path_mtu(&mut self, mtu: PathMtu) -> Result<(), QpError> {
         self.transition(self.state, &[QpState::Rtr, QpState::Rts, QpState::Sqd])?;
@@ -430,7 +457,7 @@ impl QueuePair {
                 .handle_response(&mut ctx, now, &repr, pkt.payload(), &mut self.completions);
         } else {
             self.resp
-                .handle_request(&mut ctx, &repr, pkt.payload(), &mut self.completions);
+                .handle_request(&mut ctx, now, &repr, pkt.payload(), &mut self.completions);
         }
         if ctx.fatal {
             self.enter_error();
@@ -440,6 +467,9 @@ impl QueuePair {
 
     /// Handles the expiry of the timers [`Self::next_timeout`] announced.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.serves_requests() {
+            self.resp.handle_timeout(&mut self.counters, now);
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
@@ -455,10 +485,23 @@ impl QueuePair {
 
     /// When [`Self::handle_timeout`] should be called next, if ever.
     pub fn next_timeout(&self) -> Option<Instant> {
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
-            return None;
+        let unasked = self.resp.next_timeout().filter(|_| self.serves_requests());
+        let requester = self
+            .req
+            .next_timeout()
+            .filter(|_| matches!(self.state, QpState::Rts | QpState::Sqd));
+        match (unasked, requester) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        self.req.next_timeout()
+    }
+
+    /// Whether the QP's state lets its responder serve (and acknowledge) requests.
+    fn serves_requests(&self) -> bool {
+        matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
     }
 
     /// Writes the next packet to send into `buf` (BTH to ICRC; the ICRC bytes are left zero

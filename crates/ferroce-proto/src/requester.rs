@@ -84,7 +84,7 @@ use crate::counters::Counters;
 use crate::emit;
 use crate::memory::{Access, KeyKind, Memory};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
-use crate::responder::walk_sges;
+use crate::responder::{walk_sges, UNASKED_ACK_DELAY};
 use crate::time::Instant;
 use crate::wr::{SendOp, SendWr};
 use core::time::Duration;
@@ -216,6 +216,8 @@ pub(crate) struct Requester {
     rnr_until: Option<Instant>,
     /// Packets sent since the last one that asked for an ACK.
     since_ack_req: u32,
+    /// Messages sent in a row without asking for an ACK (see `Params::unasked_run`).
+    unasked_messages: u32,
     /// PSN of the last go-back, until progress is made: a second trigger for the same gap is
     /// ignored, so one loss costs one retransmission pass, not one per later packet.
     gone_back_to: Option<Psn>,
@@ -907,7 +909,24 @@ impl Requester {
                 let opcode = data_opcode(w.wr.op, position);
                 let last = position.ends_message();
                 self.since_ack_req += 1;
-                let ack_req = last || self.since_ack_req >= ACK_REQ_INTERVAL || psn == window_end;
+                // The last packet of a message asks for its ACK, unless the peer acknowledges
+                // unasked requests and nobody waits for this one (see
+                // `QueuePair::set_peer_acks_unasked`).
+                let unasked = last
+                    && !retransmit
+                    && !w.wr.flags.signaled
+                    && self.unasked_messages < p.unasked_run
+                    && ack_timeout(p.timeout).is_some_and(|t| t >= 4 * UNASKED_ACK_DELAY);
+                let ack_req = (last && !unasked)
+                    || self.since_ack_req >= ACK_REQ_INTERVAL
+                    || psn == window_end;
+                if last {
+                    self.unasked_messages = if ack_req {
+                        0
+                    } else {
+                        self.unasked_messages + 1
+                    };
+                }
                 let solicited = last && w.wr.flags.solicited;
                 let (start, n) = emit::headers(
                     buf,

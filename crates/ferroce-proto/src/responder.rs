@@ -24,9 +24,11 @@ use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn};
 
 use crate::attr::{MAX_MESSAGE_LEN, MAX_RD_ATOMIC};
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
+use crate::counters::Counters;
 use crate::emit;
 use crate::memory::{Access, AtomicOp, KeyKind, MemoryError, Sge};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
+use crate::time::Instant;
 use crate::wr::RecvWr;
 
 /// A message being received over several packets, with the path MTU of its first packet: the
@@ -105,7 +107,16 @@ pub(crate) struct Responder {
     nak_sent: bool,
     out: VecDeque<Response>,
     resources: VecDeque<Resource>,
+    /// The newest request accepted without an ACK being asked for or sent since, and when one
+    /// is due for it (see [`UNASKED_ACK_DELAY`]).
+    unasked: Option<(Psn, Instant)>,
 }
+
+/// How long the responder holds the acknowledgement of a request that did not ask for one
+/// (AckReq clear): a requester that leaves the bit clear counts on the responder acknowledging
+/// within this time (see `QueuePair::set_peer_acks_unasked`), so an unsignaled last request is
+/// never left to its retransmission timer. A later ACK, asked or not, covers it at once.
+pub const UNASKED_ACK_DELAY: core::time::Duration = core::time::Duration::from_micros(200);
 
 /// Calls `f(address, lkey, position in the chunk, length)` for each piece of the byte range
 /// `[offset, offset + len)` as `sgl` lays it out; fails with `OutOfBounds` if the SGL is
@@ -192,6 +203,22 @@ impl Responder {
         self.nak_sent = false;
         self.out.clear();
         self.resources.clear();
+        self.unasked = None;
+    }
+
+    /// When the acknowledgement of an unasked request is due, if one is held.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.unasked.map(|(_, due)| due)
+    }
+
+    /// Sends the held acknowledgement once it is due.
+    pub fn handle_timeout(&mut self, counters: &mut Counters, now: Instant) {
+        if let Some((psn, due)) = self.unasked {
+            if due <= now {
+                counters.acks_sent += 1;
+                self.queue_ack(psn);
+            }
+        }
     }
 
     pub fn expected_psn(&self) -> Psn {
@@ -209,6 +236,7 @@ impl Responder {
     /// Flushes on entering ERR: receive requests complete with the flush status, in order; only
     /// NAKs stay queued, so the peer learns why.
     pub fn flush(&mut self, p: &Params, cq: &mut CompletionQueue) {
+        self.unasked = None;
         if let Some(Inbound::Send { recv, .. }) = self.inbound.take() {
             cq.push_back(recv_completion(
                 p,
@@ -237,6 +265,8 @@ impl Responder {
     }
 
     fn queue_ack(&mut self, psn: Psn) {
+        // This ACK covers every request accepted so far, the held unasked one included.
+        self.unasked = None;
         let msn = self.msn;
         let ack = Syndrome::Ack {
             credits: CREDITS_INVALID,
@@ -295,6 +325,7 @@ impl Responder {
     pub fn handle_request(
         &mut self,
         ctx: &mut Ctx<'_>,
+        now: Instant,
         repr: &PacketRepr,
         payload: &[u8],
         cq: &mut CompletionQueue,
@@ -319,7 +350,7 @@ impl Responder {
         let Some(info) = repr.bth.opcode.info() else {
             return;
         };
-        let verdict = self.execute(ctx, repr, info.operation, info.position, payload, cq);
+        let verdict = self.execute(ctx, now, repr, info.operation, info.position, payload, cq);
         match verdict {
             Verdict::Ok => {}
             Verdict::Rnr => {
@@ -451,9 +482,11 @@ impl Responder {
         let _ = ctx;
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn execute(
         &mut self,
         ctx: &mut Ctx<'_>,
+        now: Instant,
         repr: &PacketRepr,
         operation: Operation,
         position: Position,
@@ -518,6 +551,9 @@ impl Responder {
             if repr.bth.ack_req {
                 ctx.counters.acks_sent += 1;
                 self.queue_ack(psn);
+            } else {
+                let due = self.unasked.map_or(now + UNASKED_ACK_DELAY, |(_, due)| due);
+                self.unasked = Some((psn, due));
             }
         }
         verdict

@@ -37,7 +37,8 @@
 //! |     24 |    2 | UDP port of the sender's RoCE socket (non-zero)              |
 //! |     26 |    2 | path MTU in bytes: 256, 512, 1024, 2048 or 4096              |
 //! |     28 |    1 | max_rd_atomic: READ/atomic depth served as responder (≤ 16)  |
-//! |     29 |    1 | flags: bit 0 = a remote region follows; other bits zero      |
+//! |     29 |    1 | flags: bit 0 = a remote region follows; bit 1 = the sender's |
+//! |        |      | responder acknowledges unasked requests (see below); others 0 |
 //! |     30 |    2 | reserved, zero                                               |
 //! |     32 |    8 | region address (zero without the region flag)                |
 //! |     40 |    8 | region length in bytes (zero without the region flag)        |
@@ -91,6 +92,7 @@ pub const ENDPOINT_LEN: usize = 56;
 
 const QPN_MASK: u32 = 0x00ff_ffff;
 const FLAG_REGION: u8 = 0x01;
+const FLAG_ACKS_UNASKED: u8 = 0x02;
 /// Upper bound of the sleep between two polls of a non-blocking listener: short enough that a
 /// connecting peer is not kept waiting noticeably, long enough not to spin a core.
 const MAX_ACCEPT_POLL: Duration = Duration::from_millis(10);
@@ -128,6 +130,10 @@ pub struct EndpointInfo {
     pub max_rd_atomic: u8,
     /// A memory region the peer may access, if any.
     pub region: Option<RemoteRegion>,
+    /// This side's responder acknowledges requests that do not ask for an ACK (AckReq clear)
+    /// within `ferroce_proto::responder::UNASKED_ACK_DELAY`, as ferroce's does: the peer's
+    /// unsignaled requests then need not ask (see `QueuePair::set_peer_acks_unasked`).
+    pub acks_unasked: bool,
 }
 
 impl EndpointInfo {
@@ -846,7 +852,10 @@ fn encode_endpoint(e: &EndpointInfo, out: &mut Vec<u8>) {
         rkey: 0,
         len: 0,
     });
-    let flags = if e.region.is_some() { FLAG_REGION } else { 0 };
+    let mut flags = if e.region.is_some() { FLAG_REGION } else { 0 };
+    if e.acks_unasked {
+        flags |= FLAG_ACKS_UNASKED;
+    }
     out.extend_from_slice(&e.qpn.to_be_bytes());
     out.extend_from_slice(&e.psn.value().to_be_bytes());
     out.extend_from_slice(&e.gid.octets());
@@ -962,7 +971,7 @@ fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, EndpointProble
         return Err(EndpointProblem::Psn(psn));
     }
     let mtu = PathMtu::from_bytes(u32::from(mtu)).map_err(|_| EndpointProblem::Mtu(mtu))?;
-    if flags & !FLAG_REGION != 0 {
+    if flags & !(FLAG_REGION | FLAG_ACKS_UNASKED) != 0 {
         return Err(EndpointProblem::Flags(flags));
     }
     if let Some(offset) = [30, 31, 52, 53, 54, 55].into_iter().find(|&o| r[o] != 0) {
@@ -983,6 +992,7 @@ fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, EndpointProble
         mtu,
         max_rd_atomic,
         region,
+        acks_unasked: flags & FLAG_ACKS_UNASKED != 0,
     };
     // The remaining range checks are the same ones the sender applies to itself.
     info.validate()?;
@@ -1022,6 +1032,7 @@ mod tests {
                 rkey: 0x1234_5600 | i,
                 len: 1 << 20,
             }),
+            acks_unasked: i % 3 == 0,
         }
     }
 

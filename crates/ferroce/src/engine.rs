@@ -406,8 +406,7 @@ fn transmit_qp(
             }
         }
         let bytes: usize = st.tx_lens[..k].iter().sum();
-        // The QP's socket is connected to `peer` (see `modify_to_rtr_with_port`).
-        match send_all(shared, qp.send_fd(), &st.tx[..k], &st.tx_lens[..k]) {
+        match send_all(shared, qp.send_fd(), &peer, &st.tx[..k], &st.tx_lens[..k]) {
             Ok(sent) => {
                 shared
                     .counters
@@ -512,17 +511,18 @@ pub(crate) fn peer_gone(qp: &QpShared) {
     qp.publish_state(&q);
 }
 
-/// Sends the packets in order, to the peer `fd` is connected to: runs of equal-size packets with one GSO send each (where the
-/// kernel has UDP segmentation offload), the others with `sendmmsg`.
+/// Sends the packets in order to `dest`: runs of equal-size packets with one GSO send each
+/// (where the kernel has UDP segmentation offload), the others with `sendmmsg`.
 fn send_all(
     shared: &ContextShared,
     fd: std::os::fd::RawFd,
+    dest: &SocketAddr,
     bufs: &[Vec<u8>],
     lens: &[usize],
 ) -> std::io::Result<usize> {
     let k = lens.len();
     if !shared.gso.load(Ordering::Relaxed) {
-        return sys::send_batch(fd, bufs, lens);
+        return sys::send_batch(fd, bufs, lens, dest);
     }
     let mut i = 0;
     let mut sent = 0;
@@ -531,7 +531,7 @@ fn send_all(
         // small ones (a ping-pong's request and ACK) go faster through sendmmsg.
         let run = sys::gso_run(&lens[i..k]);
         if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
-            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run]) {
+            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], dest) {
                 Ok(n) => sent += n,
                 Err(e) => {
                     // No GSO here (or not for this socket): fall back for good. A passing
@@ -543,7 +543,7 @@ fn send_all(
                     if unsupported {
                         shared.gso.store(false, Ordering::Relaxed);
                     }
-                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run])?;
+                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], dest)?;
                 }
             }
             i += run;
@@ -553,7 +553,7 @@ fn send_all(
             {
                 j += 1;
             }
-            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j])?;
+            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], dest)?;
             i = j;
         }
     }

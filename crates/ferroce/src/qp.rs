@@ -255,12 +255,10 @@ impl QueuePair {
             )));
         }
         let dest = SocketAddr::new(peer_ip, dest_udp_port);
-        // The QP's socket sends only to its peer: connected, the kernel keeps the route instead
-        // of looking it up for every datagram (the engine sends with no address).
-        self.shared
-            .send_socket
-            .connect(dest)
-            .map_err(|e| Error::io(format!("connecting the QP's UDP socket to {dest}"), e))?;
+        // The QP's socket stays unconnected, though it sends only to its peer: Linux gives
+        // datagrams with DF set from a connected socket an incrementing IPv4 Identification,
+        // and the ICRC covers that field — the packets would leave with ICRCs computed for
+        // Identification 0 (all ferroce can know), which a real RoCE peer rejects.
         self.with(|q| q.modify_to_rtr(attr))?;
         *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(dest);
         if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
@@ -330,6 +328,17 @@ impl QueuePair {
         };
         self.ctx.shared.doorbell(&self.shared);
         Ok(r?)
+    }
+
+    /// Tells the QP whether its peer acknowledges requests that do not ask for an ACK, as
+    /// ferroce does ([`crate::cm::EndpointInfo::acks_unasked`]; [`QueuePair::connect`] sets it
+    /// from the exchange). Then unsignaled SENDs and WRITEs mostly leave the AckReq bit clear
+    /// and the peer acknowledges several at once: over UDP, a ping-pong of unsignaled WRITEs
+    /// costs one datagram per message instead of two. Leave it off (the default) for a peer
+    /// that acknowledges only what asks, such as Linux rxe. See
+    /// `ferroce_proto::QueuePair::set_peer_acks_unasked` for what still asks.
+    pub fn set_peer_acks_unasked(&self, on: bool) {
+        self.shared.qp.lock().set_peer_acks_unasked(on);
     }
 
     /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
@@ -447,6 +456,7 @@ impl QueuePair {
             mtu: self.ctx.shared.device.active_mtu(),
             max_rd_atomic: ferroce_proto::attr::MAX_RD_ATOMIC,
             region,
+            acks_unasked: true,
         }
     }
 
@@ -473,6 +483,7 @@ impl QueuePair {
             min_rnr_timer: opts.min_rnr_timer,
         };
         self.modify_to_rtr_with_port(&rtr, peer.udp_port)?;
+        self.set_peer_acks_unasked(peer.acks_unasked);
         let rts = RtsAttr {
             sq_psn: local.psn,
             timeout: opts.timeout,

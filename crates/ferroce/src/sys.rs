@@ -54,6 +54,34 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+fn std_to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid (unspecified) value.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: the storage is large and aligned enough for a sockaddr_in.
+            let sin =
+                unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6)
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
 /// Buffers and message headers for `recvmmsg`, built once and reused by every call.
 ///
 /// The headers point into the buffers, addresses, control buffers and iovecs, all of which
@@ -217,14 +245,19 @@ pub(crate) fn gso_run(lens: &[usize]) -> usize {
 
 /// Sends `bufs[i][..lens[i]]` for every i as ONE send with UDP segmentation offload: the kernel
 /// cuts it into datagrams of `lens[0]` bytes (the last may be shorter). `lens` must be a run as
-/// [`gso_run`] finds, on a connected socket (no address per send: the kernel uses the route it
-/// cached at `connect`). Returns the number of datagrams sent.
-pub(crate) fn send_gso(fd: RawFd, bufs: &[Vec<u8>], lens: &[usize]) -> io::Result<usize> {
+/// [`gso_run`] finds. Returns the number of datagrams sent to `dest`.
+pub(crate) fn send_gso(
+    fd: RawFd,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    dest: &SocketAddr,
+) -> io::Result<usize> {
     let n = lens.len().min(bufs.len());
     if n < 2 || gso_run(&lens[..n]) != n {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a GSO run"));
     }
     let seg = lens[0];
+    let (ss, sslen) = std_to_sockaddr(dest);
     let mut iovs = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
@@ -246,12 +279,14 @@ pub(crate) fn send_gso(fd: RawFd, bufs: &[Vec<u8>], lens: &[usize]) -> io::Resul
     ctl[hdr..hdr + 2].copy_from_slice(&(seg as u16).to_ne_bytes());
     // SAFETY: plain old data; zero is valid.
     let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_name = &ss as *const libc::sockaddr_storage as *mut libc::c_void;
+    msg.msg_namelen = sslen;
     msg.msg_iov = iovs.as_mut_ptr();
     msg.msg_iovlen = n as _;
     msg.msg_control = ctl.as_mut_ptr().cast();
     msg.msg_controllen = ((cmsg_len + 7) & !7) as _;
     loop {
-        // SAFETY: the message points at live iovecs, payloads and control buffer, all
+        // SAFETY: the message points at live iovecs, payloads, address and control buffer, all
         // alive until this function returns; the kernel only reads them.
         let r = unsafe { libc::sendmsg(fd, &msg, 0) };
         if r >= 0 {
@@ -264,9 +299,15 @@ pub(crate) fn send_gso(fd: RawFd, bufs: &[Vec<u8>], lens: &[usize]) -> io::Resul
     }
 }
 
-/// Sends `lens[i]` bytes of `bufs[i]`, for every i, on a connected socket with as few
-/// `sendmmsg` calls as possible; returns how many datagrams were sent.
-pub(crate) fn send_batch(fd: RawFd, bufs: &[Vec<u8>], lens: &[usize]) -> io::Result<usize> {
+/// Sends `lens[i]` bytes of `bufs[i]`, for every i, to `dest`
+/// with as few `sendmmsg` calls as possible; returns how many datagrams were sent.
+pub(crate) fn send_batch(
+    fd: RawFd,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    dest: &SocketAddr,
+) -> io::Result<usize> {
+    let (ss, sslen) = std_to_sockaddr(dest);
     let n = lens.len().min(bufs.len()).min(BATCH);
     let mut iovs = [libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -279,12 +320,14 @@ pub(crate) fn send_batch(fd: RawFd, bufs: &[Vec<u8>], lens: &[usize]) -> io::Res
             iov_base: bufs[i].as_ptr() as *mut libc::c_void,
             iov_len: lens[i].min(bufs[i].len()),
         };
+        hdrs[i].msg_hdr.msg_name = &ss as *const libc::sockaddr_storage as *mut libc::c_void;
+        hdrs[i].msg_hdr.msg_namelen = sslen;
         hdrs[i].msg_hdr.msg_iov = &mut iovs[i];
         hdrs[i].msg_hdr.msg_iovlen = 1;
     }
     let mut done = 0;
     while done < n {
-        // SAFETY: the headers point at iovecs and payloads, all alive until the
+        // SAFETY: the headers point at iovecs, payloads and one address, all alive until the
         // end of this function; the kernel only reads them.
         let r = unsafe {
             libc::sendmmsg(

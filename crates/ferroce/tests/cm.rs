@@ -34,6 +34,7 @@ fn ep(qpn: u32, psn: u32, mtu: PathMtu, region: Option<RemoteRegion>) -> Endpoin
         mtu,
         max_rd_atomic: 8,
         region,
+        acks_unasked: false,
     }
 }
 
@@ -58,6 +59,7 @@ fn numbered(side: u32, i: u32) -> EndpointInfo {
             rkey: 0xabc0_0000 | i,
             len: u64::from(i) * 4096 + 1,
         }),
+        acks_unasked: i % 2 == 1,
     }
 }
 
@@ -104,7 +106,7 @@ impl RawRecord {
             port: e.udp_port,
             mtu: e.mtu.bytes() as u16,
             max_rd_atomic: e.max_rd_atomic,
-            flags: u8::from(e.region.is_some()),
+            flags: u8::from(e.region.is_some()) | (u8::from(e.acks_unasked) << 1),
             reserved30: [0; 2],
             addr: r.addr,
             len: r.len,
@@ -211,6 +213,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
             rkey: 0xdead_beef,
             len: 0x1000,
         }),
+        acks_unasked: true,
     };
     let client_ep = EndpointInfo {
         qpn: 0x12,
@@ -220,6 +223,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
         mtu: PathMtu::Mtu256,
         max_rd_atomic: 0,
         region: None,
+        acks_unasked: false,
     };
     let (addr, server) = spawn_acceptor(vec![server_ep], LONG);
     let client = cm::connect(addr, &client_ep, LONG).unwrap();
@@ -241,6 +245,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
             len: 0x1000
         })
     );
+    assert!(p.acks_unasked);
     assert_eq!(client.peers, vec![server_ep]);
     assert_eq!(client.peer_addr, addr);
 
@@ -253,6 +258,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
     assert_eq!(p.mtu, PathMtu::Mtu256);
     assert_eq!(p.max_rd_atomic, 0);
     assert_eq!(p.region, None);
+    assert!(!p.acks_unasked);
     assert_eq!(server.peers, vec![client_ep]);
     assert_eq!(server.peer_addr, client.local_addr().unwrap());
 }
@@ -710,7 +716,7 @@ fn invalid_fields_are_named() {
             |r| r.gid = [0; 16],
             EndpointProblem::Gid(Ipv6Addr::UNSPECIFIED),
         ),
-        ("flags", |r| r.flags = 0x03, EndpointProblem::Flags(0x03)),
+        ("flags", |r| r.flags = 0x05, EndpointProblem::Flags(0x05)),
         (
             "reserved 31",
             |r| r.reserved30[1] = 1,
