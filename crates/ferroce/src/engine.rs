@@ -22,6 +22,10 @@
 //! expires. The IBTA lets a responder coalesce ACKs; NAKs are never held, and when nobody polls
 //! (a passive target served by the engine thread) ACKs leave at once.
 //!
+//! Between two ferroce peers most of those ACKs are never made: unsignaled requests leave the
+//! AckReq bit clear and the responder acknowledges a run of them with one ACK (see
+//! `ferroce_proto::QueuePair::set_peer_acks_unasked`, negotiated by [`crate::cm`]).
+//!
 //! # ICRC of received packets
 //! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader. A
 //! ferroce sender uses an unconnected socket with DF set, for which Linux sends Identification
