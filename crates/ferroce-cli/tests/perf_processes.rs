@@ -257,6 +257,24 @@ fn free_udp_port() -> u16 {
         .port()
 }
 
+/// Decodes `file` with `ferroce decode --json`, RoCE v2 on the UDP `ports`: the output, the
+/// number of RoCE packets, and how many of them carry a correct ICRC.
+fn decode_icrcs(file: &Path, ports: &[&str]) -> (Output, usize, usize) {
+    let mut cmd = ferroce();
+    cmd.args(["decode", "--json"]);
+    for p in ports {
+        cmd.args(["--udp-port", p]);
+    }
+    let out = cmd.arg(file).output().unwrap();
+    let v = json_lines(&out);
+    let roce = v.iter().filter(|v| v.get("skipped").is_none()).count();
+    let good = v
+        .iter()
+        .filter(|v| v["icrc_ok"] == serde_json::Value::Bool(true))
+        .count();
+    (out, roce, good)
+}
+
 #[test]
 fn a_capture_of_a_perf_run_decodes_cleanly_in_tshark_and_ferroce() {
     let dir = std::env::temp_dir().join(format!("ferroce-capture-{}", std::process::id()));
@@ -291,30 +309,13 @@ fn a_capture_of_a_perf_run_decodes_cleanly_in_tshark_and_ferroce() {
     }
     for file in files {
         // ferroce's own decoder: every packet parses and every ICRC verifies (exit 0).
-        let ours = ferroce()
-            .args([
-                "decode",
-                "--json",
-                "--udp-port",
-                "4791",
-                "--udp-port",
-                &client_port,
-            ])
-            .arg(&file)
-            .output()
-            .unwrap();
+        let (ours, roce, good) = decode_icrcs(&file, &["4791", &client_port]);
         assert_eq!(
             ours.status.code(),
             Some(0),
             "{}",
             String::from_utf8_lossy(&ours.stdout)
         );
-        let v = json_lines(&ours);
-        let roce = v.iter().filter(|v| v.get("skipped").is_none()).count();
-        let good = v
-            .iter()
-            .filter(|v| v["icrc_ok"] == serde_json::Value::Bool(true))
-            .count();
         assert!(
             roce >= 100 && good == roce,
             "{file:?}: {good} of {roce} packets verify"
@@ -530,7 +531,7 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
     let file = dir.join("wire.pcap");
     let (server_roce, client_roce) = (free_udp_port().to_string(), free_udp_port().to_string());
     let filter = format!("udp port {server_roce} or udp port {client_roce}");
-    let mut dumpcap = Command::new("dumpcap")
+    let dumpcap = Command::new("dumpcap")
         .args(["-q", "-P", "-i", "lo", "-f", &filter, "-w"])
         .arg(&file)
         .stdout(Stdio::null())
@@ -573,20 +574,14 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
     let _ = Command::new("kill")
         .args(["-INT", &dumpcap.id().to_string()])
         .status();
-    let done = dumpcap.wait().unwrap();
-    assert!(done.success() || done.code().is_some(), "dumpcap: {done:?}");
-    let ours = ferroce()
-        .args(["decode", "--json", "--udp-port", &server_roce])
-        .args(["--udp-port", &client_roce])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let v = json_lines(&ours);
-    let roce = v.iter().filter(|v| v.get("skipped").is_none()).count();
-    let good = v
-        .iter()
-        .filter(|v| v["icrc_ok"] == serde_json::Value::Bool(true))
-        .count();
+    let done = dumpcap.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "dumpcap: {:?} {}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let (_, roce, good) = decode_icrcs(&file, &[&server_roce, &client_roce]);
     assert!(
         roce >= 100 && good == roce,
         "{good} of {roce} packets on the wire carry a correct ICRC"
