@@ -490,10 +490,7 @@ impl QueuePair {
             .req
             .next_timeout()
             .filter(|_| matches!(self.state, QpState::Rts | QpState::Sqd));
-        match (unasked, requester) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        unasked.into_iter().chain(requester).min()
     }
 
     /// Whether the QP's state lets its responder serve (and acknowledge) requests.

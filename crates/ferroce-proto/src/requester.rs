@@ -275,10 +275,7 @@ impl Requester {
     }
 
     pub fn next_timeout(&self) -> Option<Instant> {
-        match (self.timer, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.timer.into_iter().chain(self.rnr_until).min()
     }
 
     fn arm(&mut self, p: &Params, now: Instant) {
@@ -625,15 +622,7 @@ impl Requester {
             ctx.counters.duplicate_response += 1;
             return;
         }
-        if let Err(()) = scatter(
-            ctx.mem,
-            ctx.p.pd,
-            &w.wr,
-            u64::from(k) * u64::from(w.mtu),
-            payload,
-        ) {
-            w.result = Some(WcStatus::LocalProtectionError);
-            ctx.fatal = true;
+        if !place_read_response(ctx, w, k, payload) {
             return;
         }
         w.original_answered |= !w.retried;
@@ -683,15 +672,7 @@ impl Requester {
         {
             return true;
         }
-        if let Err(()) = scatter(
-            ctx.mem,
-            ctx.p.pd,
-            &w.wr,
-            u64::from(k) * u64::from(w.mtu),
-            payload,
-        ) {
-            w.result = Some(WcStatus::LocalProtectionError);
-            ctx.fatal = true;
+        if !place_read_response(ctx, w, k, payload) {
             return false;
         }
         w.toggle_ahead(k);
@@ -1063,6 +1044,19 @@ fn gather(
         )
     })
     .map_err(|_| WcStatus::LocalProtectionError)
+}
+
+/// Writes the READ response packet `k` of `w` into its local buffers; if they refuse it, the
+/// request fails with a local protection error and the QP goes to ERR. Returns whether the
+/// payload was placed.
+fn place_read_response(ctx: &mut Ctx<'_>, w: &mut SendWqe, k: u32, payload: &[u8]) -> bool {
+    let offset = u64::from(k) * u64::from(w.mtu);
+    if scatter(ctx.mem, ctx.p.pd, &w.wr, offset, payload).is_ok() {
+        return true;
+    }
+    w.result = Some(WcStatus::LocalProtectionError);
+    ctx.fatal = true;
+    false
 }
 
 /// Copies `data` into the request's local buffers at message byte `offset`.

@@ -288,14 +288,7 @@ fn note_deadline(st: &mut EngineState, qp: &QpShared) {
         .unwrap_or_else(|e| e.into_inner())
         .map(|h| h.deadline);
     let timer = qp.qp.lock().next_timeout();
-    let deadline = match (timer, held) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    st.next_deadline = match (st.next_deadline, deadline) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    st.next_deadline = [st.next_deadline, timer, held].into_iter().flatten().min();
 }
 
 /// Sends everything `qp` can send now and moves its completions to their CQs.

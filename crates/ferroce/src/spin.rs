@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const SPINS_BEFORE_YIELD: u32 = 64;
 
 /// A mutual-exclusion lock whose waiters spin, then yield (see the module doc).
-#[derive(Default)]
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
