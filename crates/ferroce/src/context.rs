@@ -564,17 +564,14 @@ impl ProtectionDomain {
             .port();
         let qp = Arc::new(QpShared {
             qpn,
-            qp: crate::spin::SpinLock::new(crate::qp::QpCore {
-                proto: ferroce_proto::QueuePair::new(qpn, self.id, caps),
-                peer_memory: None,
-            }),
+            qp: crate::spin::SpinLock::new(crate::qp::QpCore::new(ferroce_proto::QueuePair::new(
+                qpn, self.id, caps,
+            ))),
             send_cq: attr.send_cq.inner.clone(),
             recv_cq: attr.recv_cq.inner.clone(),
             srq: attr.srq.map(|s| s.inner.clone()),
-            peer: Mutex::new(None),
             send_socket,
             src_port,
-            deferred_ack: Mutex::new(None),
             last_request_tx: AtomicU64::new(0),
             shm: match &shared.shm {
                 Some(_) => Some(

@@ -44,7 +44,7 @@ use ferroce_wire::{icrc, RocePacket};
 
 use crate::context::ContextShared;
 use crate::mr::EngineMemory;
-use crate::qp::QpShared;
+use crate::qp::{QpCore, QpShared};
 use crate::sys::{self, RecvBatch, BATCH, MAX_DATAGRAM};
 
 /// How long the engine thread keeps spinning after the last work before it sleeps.
@@ -118,6 +118,8 @@ pub(crate) struct EngineState {
     udp_polled: u64,
     /// Whether the last read of the socket got anything (the next reads a whole batch).
     rx_more: bool,
+    /// The QP the last datagram went to.
+    last_qp: LastQp,
 }
 
 impl std::fmt::Debug for EngineState {
@@ -141,6 +143,7 @@ impl EngineState {
             shm_rx: vec![0u8; MAX_DATAGRAM],
             udp_polled: 0,
             rx_more: false,
+            last_qp: LastQp::default(),
         }
     }
 }
@@ -167,9 +170,6 @@ impl ContextShared {
             Ok(mut st) => {
                 let now = self.now();
                 transmit_qp(self, &mut st, qp, now);
-                // What was just sent may have armed the QP's retransmission timer; idle passes
-                // only look at the QPs when a deadline they know of is due, so make it known.
-                note_deadline(&mut st, qp);
             }
             Err(_) => {
                 self.work_pending.store(true, Ordering::SeqCst);
@@ -227,11 +227,11 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
             if let Some((bytes, from, seg)) = st.rx.get(i) {
                 if bytes.is_empty() {
                     // An empty datagram: `chunks` would yield nothing, leaving it uncounted.
-                    deliver(shared, now, bytes, from);
+                    deliver(shared, &mut st.last_qp, now, bytes, from);
                 }
                 // GRO hands several same-size datagrams over as one message.
                 for datagram in bytes.chunks(seg.max(1)) {
-                    deliver(shared, now, datagram, from);
+                    deliver(shared, &mut st.last_qp, now, datagram, from);
                 }
             } else {
                 // A sender address of a family the socket cannot have: nothing to answer.
@@ -267,38 +267,21 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
     st.next_deadline = None;
     let qps = std::mem::take(&mut st.qps);
     for qp in &qps {
-        {
-            let mut q = qp.qp.lock();
-            if q.next_timeout().is_some_and(|t| t <= now) {
-                q.handle_timeout(now);
-            }
-        }
         did |= transmit_qp(shared, st, qp, now);
-        note_deadline(st, qp);
     }
     st.qps = qps;
     did
 }
 
-/// Folds `qp`'s next deadline (retransmission timer or held ACK) into the engine's.
-fn note_deadline(st: &mut EngineState, qp: &QpShared) {
-    let held = qp
-        .deferred_ack
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .map(|h| h.deadline);
-    let timer = qp.qp.lock().next_timeout();
-    st.next_deadline = [st.next_deadline, timer, held].into_iter().flatten().min();
-}
-
-/// Sends everything `qp` can send now and moves its completions to their CQs.
+/// Runs `qp`'s timer if it is due, sends everything `qp` can send now, moves its completions
+/// to their CQs, and folds its next deadline (retransmission timer or held ACK) into the
+/// engine's. Everything it needs of the QP it takes under the QP's lock, once per batch.
 fn transmit_qp(
     shared: &ContextShared,
     st: &mut EngineState,
     qp: &Arc<QpShared>,
     now: Instant,
 ) -> bool {
-    let peer = *qp.peer.lock().unwrap_or_else(|e| e.into_inner());
     let shm = qp.shm_linked();
     let mut did = false;
     loop {
@@ -312,9 +295,27 @@ fn transmit_qp(
             },
             None => TAKE,
         };
-        {
-            let mut q = qp.qp.lock();
-            let mut mem = EngineMemory { table: &shared.mrs };
+        let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
+        let recent_request = now
+            .as_nanos()
+            .saturating_sub(qp.last_request_tx.load(Ordering::Relaxed))
+            < PING_PONG_WINDOW.as_nanos() as u64;
+        let peer = {
+            let mut core = qp.qp.lock();
+            let QpCore {
+                proto: q,
+                peer,
+                held_ack,
+                mr_cache,
+                ..
+            } = &mut *core;
+            if q.next_timeout().is_some_and(|t| t <= now) {
+                q.handle_timeout(now);
+            }
+            let mut mem = EngineMemory {
+                table: &shared.mrs,
+                cache: mr_cache,
+            };
             while k < take {
                 let Some(n) = q.poll_transmit(now, &mut mem, &mut st.tx[k]) else {
                     break;
@@ -325,21 +326,13 @@ fn transmit_qp(
             while let Some(wc) = q.poll_completion() {
                 st.wcs.push(wc);
             }
-            qp.publish_state(&q);
+            qp.publish_state(q);
             if !st.wcs.is_empty() {
                 did = true;
                 // Under the QP's lock: a same-host direct operation completes under it too,
                 // so completions reach the CQ in posting order.
                 route_completions(qp, &mut st.wcs);
             }
-        }
-        let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
-        {
-            let mut held = qp.deferred_ack.lock().unwrap_or_else(|e| e.into_inner());
-            let recent_request = now
-                .as_nanos()
-                .saturating_sub(qp.last_request_tx.load(Ordering::Relaxed))
-                < PING_PONG_WINDOW.as_nanos() as u64;
             if k == 1
                 && shm.is_none()
                 && app_driving
@@ -350,25 +343,36 @@ fn transmit_qp(
                 let n = st.tx_lens[0];
                 let mut bytes = [0u8; 24];
                 bytes[..n].copy_from_slice(&st.tx[0][..n]);
-                let deadline = held.map_or(now + ACK_DEFER, |h| h.deadline);
-                *held = Some(DeferredAck {
+                let deadline = held_ack.map_or(now + ACK_DEFER, |h| h.deadline);
+                *held_ack = Some(DeferredAck {
                     bytes,
                     len: n,
                     deadline,
                 });
                 k = 0;
-            } else if let Some(h) = *held {
+            } else if let Some(h) = *held_ack {
                 if (0..k).any(|i| is_plain_ack(&st.tx[i][..st.tx_lens[i]])) {
                     // A newer ACK is in the batch: the held one is redundant.
-                    *held = None;
+                    *held_ack = None;
                 } else if k > 0 || h.deadline <= now || !app_driving {
                     st.tx[k][..h.len].copy_from_slice(&h.bytes[..h.len]);
                     st.tx_lens[k] = h.len;
                     k += 1;
-                    *held = None;
+                    *held_ack = None;
                 }
             }
-        }
+            // What was just made may have armed the retransmission timer; idle passes only
+            // look at the QPs when a deadline they know of is due, so make it known.
+            st.next_deadline = [
+                st.next_deadline,
+                q.next_timeout(),
+                held_ack.map(|h| h.deadline),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            *peer
+        };
         if k == 0 {
             break;
         }
@@ -393,7 +397,7 @@ fn transmit_qp(
         for i in 0..k {
             let n = st.tx_lens[i];
             let buf = &mut st.tx[i][..n];
-            if let Ok(hdrs) = h.ip_udp_headers(n) {
+            if let Ok(hdrs) = h.icrc_headers(n) {
                 if let Ok(crc) = icrc::compute(hdrs.ip(), hdrs.udp(), &buf[..n - 4]) {
                     RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
                 }
@@ -472,7 +476,7 @@ fn shm_receive(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
                     c.rx_packets.fetch_add(1, Ordering::Relaxed);
                     c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
                     match RocePacket::new_checked(&st.shm_rx[..n]) {
-                        Ok(pkt) => hand_over(shared, now, qp, &pkt, &st.shm_rx[..n]),
+                        Ok(pkt) => hand_over(shared, now, qp, &pkt, &st.shm_rx[..n], None),
                         Err(_) => {
                             c.malformed.fetch_add(1, Ordering::Relaxed);
                         }
@@ -574,7 +578,13 @@ pub(crate) fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
 }
 
 /// Checks one datagram and hands it to its QP.
-fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr) {
+fn deliver(
+    shared: &ContextShared,
+    last_qp: &mut LastQp,
+    now: Instant,
+    bytes: &[u8],
+    from: SocketAddr,
+) {
     let c = &shared.counters;
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -585,7 +595,7 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
     let mut h = UdpFrameHeaders::roce(from.ip(), from.port(), shared.local.ip());
     h.dst_port = shared.local.port();
     let ok = h
-        .ip_udp_headers(bytes.len())
+        .icrc_headers(bytes.len())
         .ok()
         .and_then(|hdrs| icrc::verify(hdrs.ip(), hdrs.udp(), pkt.covered(), pkt.icrc()).ok())
         .unwrap_or(false);
@@ -597,30 +607,59 @@ fn deliver(shared: &ContextShared, now: Instant, bytes: &[u8], from: SocketAddr)
         return;
     }
     let qpn = pkt.bth().dest_qpn();
-    let Some(qp) = shared.qp(qpn) else {
+    let Some(qp) = last_qp.get(shared, qpn) else {
         c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    // A connected QP takes packets from its peer's address only (the port may differ: every
-    // peer QP sends from its own port).
-    let peer = *qp.peer.lock().unwrap_or_else(|e| e.into_inner());
-    if peer.is_some_and(|p| p.ip() != from.ip()) {
-        c.wrong_source.fetch_add(1, Ordering::Relaxed);
-        return;
+    hand_over(shared, now, qp, &pkt, bytes, Some(from.ip()));
+}
+
+/// The QP the last datagram went to, kept while the context's set of QPs is unchanged: a
+/// stream or a ping-pong finds its QP without the table's lock or a reference count.
+#[derive(Debug, Default)]
+pub(crate) struct LastQp {
+    /// `qps_generation` when `qp` was looked up.
+    generation: u64,
+    qp: Option<Arc<QpShared>>,
+}
+
+impl LastQp {
+    fn get(&mut self, shared: &ContextShared, qpn: u32) -> Option<&Arc<QpShared>> {
+        let generation = shared.qps_generation.load(Ordering::Acquire);
+        let hit = generation == self.generation && self.qp.as_ref().is_some_and(|q| q.qpn == qpn);
+        if !hit {
+            // The generation is read before the lookup: a QP destroyed after it moves the
+            // generation on, and the next packet looks again.
+            self.qp = shared.qp(qpn);
+            self.generation = generation;
+        }
+        self.qp.as_ref()
     }
-    hand_over(shared, now, &qp, &pkt, bytes);
 }
 
 /// Hands a checked packet to its QP (taking a receive request from the SRQ if it needs one).
+/// `from` is the sender's address when the packet came over the network: a connected QP
+/// takes packets from its peer's address only (the port may differ: every peer QP sends from
+/// its own port).
 fn hand_over(
     shared: &ContextShared,
     now: Instant,
     qp: &QpShared,
     pkt: &RocePacket<&[u8]>,
     bytes: &[u8],
+    from: Option<std::net::IpAddr>,
 ) {
     let c = &shared.counters;
-    let mut q = qp.qp.lock();
+    let mut core = qp.qp.lock();
+    if let (Some(from), Some(peer)) = (from, core.peer) {
+        if peer.ip() != from {
+            c.wrong_source.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+    let QpCore {
+        proto: q, mr_cache, ..
+    } = &mut *core;
     if let Some(srq) = &qp.srq {
         // A message that needs a receive request takes one from the SRQ at the moment it is
         // due, so requests are not parked on QPs that do not need them.
@@ -636,13 +675,17 @@ fn hand_over(
             }
         }
     }
-    let mut mem = EngineMemory { table: &shared.mrs };
+    let mut mem = EngineMemory {
+        table: &shared.mrs,
+        cache: mr_cache,
+    };
     // The packet was validated above, so the QP parses it; should it not, it is malformed.
     // Every refusal past this point is counted by the QP itself.
-    if q.handle_packet(now, &mut mem, bytes).is_err() {
+    let r = q.handle_packet(now, &mut mem, bytes);
+    if r.is_err() {
         c.malformed.fetch_add(1, Ordering::Relaxed);
     }
-    qp.publish_state(&q);
+    qp.publish_state(q);
 }
 
 /// One pass if the engine is free and no application thread is driving progress (its own

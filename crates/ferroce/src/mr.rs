@@ -359,24 +359,69 @@ impl MrTable {
     }
 }
 
+/// The regions a QP's transport used last, with the region table's removal count when they
+/// were looked up: while that count holds, their keys still name them (`MrTable::removals`),
+/// so a packet for one of them takes neither the table's lock nor a reference count. Two
+/// entries: a QP's traffic mostly reads one buffer and writes another.
+#[derive(Debug, Default)]
+pub(crate) struct MrCache {
+    removals: u64,
+    entries: [Option<(u32, Arc<MrInner>)>; 2],
+    /// The entry the next miss replaces.
+    next: usize,
+}
+
+impl MrCache {
+    /// The region of `key`, from the cache or (remembered) from `table`.
+    fn get(&mut self, table: &MrTable, key: u32) -> Option<&MrInner> {
+        let removals = table.removals();
+        if removals != self.removals {
+            self.entries = [None, None];
+            self.removals = removals;
+        }
+        let hit = self
+            .entries
+            .iter()
+            .position(|e| e.as_ref().is_some_and(|(k, _)| *k == key));
+        let i = match hit {
+            Some(i) => i,
+            None => {
+                // Looked up after reading the count: a removal racing with the lookup moves
+                // the count on, and the next use looks again.
+                let mr = table.get(key)?;
+                let i = self.next;
+                self.next = (i + 1) % self.entries.len();
+                self.entries[i] = Some((key, mr));
+                i
+            }
+        };
+        self.entries[i].as_ref().map(|(_, mr)| &**mr)
+    }
+}
+
 /// The transport's view of a context's memory: every access checks key, protection domain,
 /// access rights and bounds before a byte moves.
 pub(crate) struct EngineMemory<'a> {
     pub table: &'a MrTable,
+    /// The QP's recent regions (see [`MrCache`]).
+    pub cache: &'a mut MrCache,
 }
 
 impl EngineMemory<'_> {
     fn locate(
-        &self,
+        &mut self,
         pd: u32,
         kind: KeyKind,
         key: u32,
         addr: u64,
         len: u64,
         need: Access,
-    ) -> std::result::Result<(Arc<MrInner>, usize), MemoryError> {
+    ) -> std::result::Result<(&MrInner, usize), MemoryError> {
         let _ = kind;
-        let mr = self.table.get(key).ok_or(MemoryError::InvalidKey(key))?;
+        let mr = self
+            .cache
+            .get(self.table, key)
+            .ok_or(MemoryError::InvalidKey(key))?;
         let off = mr.admit(key, pd, need, addr, len)?;
         Ok((mr, off))
     }

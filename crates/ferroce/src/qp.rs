@@ -102,6 +102,24 @@ impl SharedReceiveQueue {
 pub(crate) struct QpCore {
     pub proto: ferroce_proto::QueuePair,
     pub peer_memory: Option<crate::shm::PeerMemory>,
+    /// The peer's address and UDP port, set at RTR.
+    pub peer: Option<SocketAddr>,
+    /// A positive ACK held back to leave after the next data packet (see `engine`).
+    pub held_ack: Option<crate::engine::DeferredAck>,
+    /// The regions the transport used last for this QP.
+    pub mr_cache: crate::mr::MrCache,
+}
+
+impl QpCore {
+    pub(crate) fn new(proto: ferroce_proto::QueuePair) -> QpCore {
+        QpCore {
+            proto,
+            peer_memory: None,
+            peer: None,
+            held_ack: None,
+            mr_cache: crate::mr::MrCache::default(),
+        }
+    }
 }
 
 impl std::ops::Deref for QpCore {
@@ -117,7 +135,8 @@ impl std::ops::DerefMut for QpCore {
     }
 }
 
-/// What the engine shares with a QP handle.
+/// What the engine shares with a QP handle. What the engine needs of a QP on every packet
+/// lives in its [`QpCore`], under the one lock: a packet in or out takes that lock once.
 #[derive(Debug)]
 pub(crate) struct QpShared {
     pub qpn: u32,
@@ -125,14 +144,10 @@ pub(crate) struct QpShared {
     pub send_cq: Arc<CqInner>,
     pub recv_cq: Arc<CqInner>,
     pub srq: Option<Arc<SrqInner>>,
-    /// The peer's address and UDP port, set at RTR.
-    pub peer: Mutex<Option<SocketAddr>>,
     /// This QP's own sending socket: RoCE v2 gives each QP its own UDP source port, so that
     /// routers spread QPs over paths (ECMP).
     pub send_socket: UdpSocket,
     pub src_port: u16,
-    /// A positive ACK held back to leave after the next data packet (see `engine`).
-    pub deferred_ack: Mutex<Option<crate::engine::DeferredAck>>,
     /// When this QP last sent a request (ns on the context clock): ACKs are held only on a QP
     /// that is itself sending, i.e. in a ping-pong.
     pub last_request_tx: std::sync::atomic::AtomicU64,
@@ -259,8 +274,12 @@ impl QueuePair {
         // datagrams with DF set from a connected socket an incrementing IPv4 Identification,
         // and the ICRC covers that field — the packets would leave with ICRCs computed for
         // Identification 0 (all ferroce can know), which a real RoCE peer rejects.
-        self.with(|q| q.modify_to_rtr(attr))?;
-        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(dest);
+        {
+            let mut core = self.shared.qp.lock();
+            core.modify_to_rtr(attr)?;
+            core.peer = Some(dest);
+            self.shared.publish_state(&core);
+        }
         if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
             let linked = host
                 .start_link(shm, self.shared.qpn, dest, attr.dest_qpn)
@@ -294,9 +313,10 @@ impl QueuePair {
             core.reset();
             // Let go of the peer's mappings now rather than at the next link.
             core.peer_memory = None;
+            core.peer = None;
+            core.held_ack = None;
             self.shared.publish_state(&core);
         }
-        *self.shared.peer.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(shm) = &self.shared.shm {
             shm.linked
                 .store(false, std::sync::atomic::Ordering::Release);
@@ -306,7 +326,8 @@ impl QueuePair {
 
     /// Posts a send work request (`wr` or `&wr`, see [`SendRequest`]) and rings the doorbell.
     pub fn post_send<'a>(&self, wr: impl SendRequest<'a>) -> Result<()> {
-        if self.post_one(wr.into_request())? {
+        let r = self.post_one(wr.into_request())?;
+        if r {
             self.ctx.shared.doorbell(&self.shared);
         }
         Ok(())

@@ -117,6 +117,7 @@ pub(crate) fn execute(
     let QpCore {
         proto: q,
         peer_memory,
+        ..
     } = core;
     if q.state() != QpState::Rts || !q.is_send_queue_empty() || q.check_send(wr).is_err() {
         return None;
