@@ -102,6 +102,19 @@ impl MrInner {
     /// outside or the region revoked; caller memory is held under its lock meanwhile (shared for
     /// reading, exclusive for writing). `f` must stay inside those `len` bytes and must not keep
     /// the pointer.
+    /// Where byte `offset` of a region ferroce allocated lives, while it is registered: such a
+    /// region stays mapped as long as `self` lives and needs no lock to be touched (caller
+    /// memory does, so it gets `None`, as does a deregistered region). The caller checked
+    /// `offset` and its length against the region.
+    #[inline]
+    pub(crate) fn shared_ptr(&self, offset: usize) -> Option<*mut u8> {
+        if !matches!(self.backing, Backing::Shared(_)) || self.revoked.load(Ordering::Acquire) {
+            return None;
+        }
+        debug_assert!(offset <= self.len);
+        Some(self.ptr.as_ptr().wrapping_add(offset))
+    }
+
     pub(crate) fn with_range<R>(
         &self,
         offset: usize,
@@ -250,6 +263,7 @@ impl MrInner {
 ///
 /// # Safety
 /// As `std::ptr::copy`: `src` readable and `dst` writable for `len` bytes.
+#[inline]
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY (each arm): the caller vouches for `len` bytes at both pointers; each arm reads
     // all of its bytes before writing any, so overlap is harmless.

@@ -259,6 +259,70 @@ fn bad_rkey_gives_remote_access_error_and_untouched_memory(p: Provider) {
     assert_eq!(qa.state(), ferroce::QpState::Error);
 }
 
+/// A run of requests reusing the same buffers (the shape a same-host peer serves from its cache
+/// of the last regions) still has every request checked: a repeat that leaves the local region,
+/// the remote region, or the local rights fails with its own status and touches nothing.
+fn repeated_requests_are_checked_every_time(p: Provider) {
+    enum Bad {
+        LocalBounds,
+        RemoteBounds,
+        LocalRights,
+    }
+    for bad in [Bad::LocalBounds, Bad::RemoteBounds, Bad::LocalRights] {
+        let (a, b, qa, _qb) = pair(p);
+        // Without local write: a WRITE may read it, a READ may not land in it.
+        let src = a.pd.alloc_mr(64, Access::REMOTE_READ).unwrap();
+        let dst = mr(&b, 64);
+        src.write(0, &pattern(3, 64)).unwrap();
+        for i in 0..4 {
+            qa.post_send(
+                SendWr::new(i, SendOp::Write, vec![src.sge(0, 16).unwrap()])
+                    .remote(dst.addr(), dst.rkey()),
+            )
+            .unwrap();
+        }
+        let wcs = a.cq.wait(4, T).unwrap();
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        let (wr, want) = match bad {
+            Bad::LocalBounds => (
+                SendWr::new(
+                    9,
+                    SendOp::Write,
+                    vec![ferroce::Sge {
+                        addr: src.addr() + 56,
+                        length: 16,
+                        lkey: src.lkey(),
+                    }],
+                )
+                .remote(dst.addr() + 16, dst.rkey()),
+                WcStatus::LocalProtectionError,
+            ),
+            Bad::RemoteBounds => (
+                SendWr::new(9, SendOp::Write, vec![src.sge(0, 16).unwrap()])
+                    .remote(dst.addr() + 56, dst.rkey()),
+                WcStatus::RemoteAccessError,
+            ),
+            Bad::LocalRights => (
+                SendWr::new(9, SendOp::Read, vec![src.sge(0, 16).unwrap()])
+                    .remote(dst.addr() + 16, dst.rkey()),
+                WcStatus::LocalProtectionError,
+            ),
+        };
+        qa.post_send(wr).unwrap();
+        let wc = a.cq.wait(1, T).unwrap();
+        assert_eq!((wc[0].wr_id, wc[0].status), (9, want));
+        assert_eq!(qa.state(), ferroce::QpState::Error);
+        let mut expected = pattern(3, 16);
+        expected.resize(64, 0);
+        assert_eq!(dst.to_vec(0, 64).unwrap(), expected, "the target's region");
+        assert_eq!(
+            src.to_vec(0, 64).unwrap(),
+            pattern(3, 64),
+            "the local region"
+        );
+    }
+}
+
 fn shared_receive_queue_feeds_several_qps(p: Provider) {
     let (a, b) = (side(p), side(p));
     let srq = b.pd.create_srq(64, 1).unwrap();
@@ -396,6 +460,7 @@ mod udp {
         write_read_send_at_every_size_up_to_16_mib,
         write_with_immediate_and_atomics,
         bad_rkey_gives_remote_access_error_and_untouched_memory,
+        repeated_requests_are_checked_every_time,
         shared_receive_queue_feeds_several_qps,
         completion_channel_wakes_a_blocked_thread,
         sixty_four_qps_at_once
@@ -408,6 +473,7 @@ mod shm {
         write_read_send_at_every_size_up_to_16_mib,
         write_with_immediate_and_atomics,
         bad_rkey_gives_remote_access_error_and_untouched_memory,
+        repeated_requests_are_checked_every_time,
         shared_receive_queue_feeds_several_qps,
         completion_channel_wakes_a_blocked_thread,
         sixty_four_qps_at_once

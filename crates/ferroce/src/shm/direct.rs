@@ -132,12 +132,14 @@ pub(crate) fn execute(
     let peer = peer_memory.as_mut()?;
     let pd = q.pd();
     let len: u64 = wr.data_len();
-    // Taken out of the link for the call, so the remote mapping `resolve` lends can live beside
-    // it; put back whatever happens.
-    let mut cache = peer.last_local.take();
-    let done = one_sided(shared, peer, &mut cache, pd, wr, len, need);
-    peer.last_local = cache;
-    done?;
+    if repeated_one_sided(shared, peer, pd, wr).is_none() {
+        // Taken out of the link for the call, so the remote mapping `resolve` lends can live
+        // beside it; put back whatever happens.
+        let mut cache = peer.last_local.take();
+        let done = one_sided(shared, peer, &mut cache, pd, wr, len, need);
+        peer.last_local = cache;
+        done?;
+    }
     Some(WorkCompletion {
         wr_id: wr.wr_id,
         status: WcStatus::Success,
@@ -148,6 +150,54 @@ pub(crate) fn execute(
         qp_num: q.qpn(),
         solicited: false,
     })
+}
+
+/// The common case of [`one_sided`] in straight-line code: a WRITE or READ of one buffer in the
+/// local region the previous request used (a ping-pong or a stream reuses its buffers). The
+/// same checks in the same order, without the scatter/gather walk; touches nothing and returns
+/// `None` unless every one passes, and then `one_sided` decides the request afresh.
+#[inline]
+fn repeated_one_sided(
+    shared: &ContextShared,
+    peer: &mut PeerMemory,
+    pd: u32,
+    wr: &SendWr,
+) -> Option<()> {
+    let (writing, need_local, need_remote) = match wr.op {
+        SendOp::Write => (true, Access::NONE, Access::REMOTE_WRITE),
+        SendOp::Read => (false, Access::LOCAL_WRITE, Access::REMOTE_READ),
+        _ => return None,
+    };
+    let [sge] = wr.sgl.as_slice() else {
+        return None;
+    };
+    if wr.inline_data.is_some() {
+        return None;
+    }
+    let len = u64::from(sge.length);
+    let local = peer
+        .last_local
+        .as_ref()
+        .filter(|c| c.holds(shared, sge.lkey))?;
+    let offset = local
+        .mr
+        .admit(sge.lkey, pd, need_local, sge.addr, len)
+        .ok()?;
+    // The region stays alive in `last_local`, which `resolve` leaves alone.
+    let local_ptr = local.mr.shared_ptr(offset)?;
+    let (map, base) = peer.resolve(wr.rkey, wr.remote_addr, len, need_remote)?;
+    // SAFETY: `resolve` checked `base..base + len` lies in the peer's region, which `map` keeps
+    // mapped.
+    let remote_ptr = unsafe { map.ptr().add(base) };
+    let (src, dst) = if writing {
+        (local_ptr, remote_ptr)
+    } else {
+        (remote_ptr, local_ptr)
+    };
+    // SAFETY: `admit` checked `offset..offset + len` lies in the local region, mapped while
+    // `last_local` holds it; the remote range is checked above. Two distinct mappings.
+    unsafe { copy_bytes(src, dst, len as usize) };
+    Some(())
 }
 
 /// The copy or atomic of `execute`, once the QP admitted the request.
