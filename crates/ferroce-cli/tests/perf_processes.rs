@@ -168,6 +168,11 @@ fn every_operation_every_size_on(provider: &str) {
         // checks every original value in the latency test.
         let (s, c) = pair(test, &["--iters", "500", "--verify", "--json"]);
         assert_ok(test, &s, &c);
+        let bytes: Vec<u64> = json_lines(&c)
+            .iter()
+            .map(|v| v["bytes"].as_u64().unwrap())
+            .collect();
+        assert_eq!(bytes, vec![8], "{test} reports the 8 bytes an atomic moves");
     }
 }
 

@@ -208,7 +208,11 @@ fn e<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 
 impl PerfArgs {
     fn sizes(&self) -> Vec<u64> {
-        if self.all {
+        if self.test.is_atomic() {
+            // An atomic moves one 8-byte word whatever else is asked (a size other than 8 is
+            // refused), and the report says so.
+            vec![8]
+        } else if self.all {
             (1..=23).map(|k| 1u64 << k).collect()
         } else {
             vec![self
