@@ -251,6 +251,8 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
     if generation != st.qps_generation {
         st.qps = shared.live_qps();
         st.qps_generation = generation;
+        // Let go of a destroyed QP now (its socket and memory), not at the next datagram.
+        st.last_qp = LastQp::default();
         // The new QPs have not been looked at yet.
         shared.work_pending.store(true, Ordering::Release);
     }

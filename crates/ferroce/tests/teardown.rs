@@ -35,12 +35,19 @@ fn open_fds() -> usize {
 
 #[test]
 fn dropping_every_handle_releases_everything() {
+    for provider in [ferroce::Provider::Udp, ferroce::Provider::Shm] {
+        releases_everything_over(provider);
+    }
+}
+
+fn releases_everything_over(provider: ferroce::Provider) {
     let fds_before = open_fds();
     assert_eq!(engine_threads(), 0);
     {
         let lo = device_by_name("lo").unwrap();
         let opts = ContextOptions {
             capture: None,
+            provider,
             ..ContextOptions::with_port(0)
         };
         let (a, b) = (lo.open(&opts).unwrap(), lo.open(&opts).unwrap());
@@ -50,6 +57,7 @@ fn dropping_every_handle_releases_everything() {
             a.create_cq(64, None).unwrap(),
             b.create_cq(64, None).unwrap(),
         );
+        let fds_without_qps = open_fds();
         let qa = pa
             .create_qp(&QpInitAttr {
                 send_cq: &ca,
@@ -115,8 +123,20 @@ fn dropping_every_handle_releases_everything() {
             ca.wait(1, Duration::from_secs(10)).unwrap()[0].status,
             WcStatus::RemoteAccessError
         );
+        drop(src);
         drop((qa, qb));
         assert_eq!(a.queue_pair_count(), 0);
+        // What the QPs opened (sockets, shared pages, links) is closed within an engine pass
+        // or two, while the contexts live on.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while open_fds() > fds_without_qps && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            open_fds(),
+            fds_without_qps,
+            "destroyed QPs keep nothing open"
+        );
         // Contexts are dropped last here, but any order works: the engine runs while any
         // handle (PD, CQ, MR, QP) holds the context.
         drop((a, b));
