@@ -105,6 +105,44 @@ fn psn_of(qpn: u32) -> Psn {
     Psn::new(qpn.wrapping_mul(2_654_435_761).wrapping_add(77) & 0x00ff_ffff)
 }
 
+/// Two listeners on loopback and one child process per listener, running `test` in `role`
+/// with `vars` and the listener's address to connect to.
+fn two_peers(test: &str, role: &str, vars: &[(&str, String)]) -> ([Listener; 2], Vec<Peer>) {
+    let listeners = [
+        Listener::bind(loopback()).unwrap(),
+        Listener::bind(loopback()).unwrap(),
+    ];
+    let peers = listeners
+        .iter()
+        .map(|l| {
+            let mut all = vec![(CM_ENV, l.local_addr().to_string())];
+            all.extend(vars.iter().cloned());
+            Peer::spawn(test, role, &all)
+        })
+        .collect();
+    (listeners, peers)
+}
+
+/// Accepts each listener's peer on the matching QP, offering `region`, and checks the QP went
+/// over shared memory.
+fn accept_each(
+    qps: &[QueuePair],
+    listeners: &[Listener],
+    region: Option<RemoteRegion>,
+) -> Vec<cm::Connection> {
+    qps.iter()
+        .zip(listeners)
+        .map(|(qp, l)| {
+            let local = qp.endpoint_info(psn_of(qp.qpn()), region);
+            let mut conn = l.accept(&local, T).unwrap();
+            qp.connect(&local, &conn.peer, &options()).unwrap();
+            conn.sync(T).unwrap();
+            assert_eq!(qp.provider(), Provider::Shm);
+            conn
+        })
+        .collect()
+}
+
 fn region_of(mr: &MemoryRegion) -> RemoteRegion {
     RemoteRegion {
         addr: mr.addr(),
@@ -636,35 +674,17 @@ fn two_initiator_processes_share_one_counter() {
     let s = side(Provider::Shm);
     let counter = s.pd.alloc_mr(4096, Access::ALL).unwrap();
     counter.write_u64(0, BASE).unwrap();
-    let listeners = [
-        Listener::bind(loopback()).unwrap(),
-        Listener::bind(loopback()).unwrap(),
-    ];
-    let mut peers: Vec<Peer> = listeners
-        .iter()
-        .map(|l| {
-            Peer::spawn(
-                "child_initiator",
-                "initiator",
-                &[
-                    (CM_ENV, l.local_addr().to_string()),
-                    (ITERS_ENV, ITERS.to_string()),
-                    (TOTAL_ENV, TOTAL.to_string()),
-                    (BASE_ENV, BASE.to_string()),
-                ],
-            )
-        })
-        .collect();
+    let (listeners, mut peers) = two_peers(
+        "child_initiator",
+        "initiator",
+        &[
+            (ITERS_ENV, ITERS.to_string()),
+            (TOTAL_ENV, TOTAL.to_string()),
+            (BASE_ENV, BASE.to_string()),
+        ],
+    );
     let qps: Vec<QueuePair> = (0..2).map(|_| new_qp(&s.pd, &s.cq)).collect();
-    let mut conns = Vec::new();
-    for (qp, l) in qps.iter().zip(&listeners) {
-        let local = qp.endpoint_info(psn_of(qp.qpn()), Some(region_of(&counter)));
-        let mut conn = l.accept(&local, T).unwrap();
-        qp.connect(&local, &conn.peer, &options()).unwrap();
-        conn.sync(T).unwrap();
-        assert_eq!(qp.provider(), Provider::Shm);
-        conns.push(conn);
-    }
+    let mut conns = accept_each(&qps, &listeners, Some(region_of(&counter)));
     let started = Instant::now();
     for c in &mut conns {
         c.sync(T).unwrap();
@@ -725,41 +745,19 @@ fn two_initiator_processes_share_one_counter() {
 #[test]
 fn killed_peer_fails_its_qp_and_spares_the_others() {
     const LEN: usize = 8192;
-    let listeners = [
-        Listener::bind(loopback()).unwrap(),
-        Listener::bind(loopback()).unwrap(),
-    ];
-    let mut peers: Vec<Peer> = listeners
-        .iter()
-        .map(|l| {
-            Peer::spawn(
-                "child_target",
-                "target",
-                &[
-                    (CM_ENV, l.local_addr().to_string()),
-                    (LEN_ENV, LEN.to_string()),
-                    (BASE_ENV, "0".to_string()),
-                ],
-            )
-        })
-        .collect();
+    let (listeners, mut peers) = two_peers(
+        "child_target",
+        "target",
+        &[(LEN_ENV, LEN.to_string()), (BASE_ENV, "0".to_string())],
+    );
     let s = side(Provider::Shm);
     let cqs = [
         s.ctx.create_cq(64, None).unwrap(),
         s.ctx.create_cq(64, None).unwrap(),
     ];
     let qps: Vec<QueuePair> = cqs.iter().map(|cq| new_qp(&s.pd, cq)).collect();
-    let mut remotes = Vec::new();
-    let mut conns = Vec::new();
-    for (qp, l) in qps.iter().zip(&listeners) {
-        let local = qp.endpoint_info(psn_of(qp.qpn()), None);
-        let mut conn = l.accept(&local, T).unwrap();
-        qp.connect(&local, &conn.peer, &options()).unwrap();
-        conn.sync(T).unwrap();
-        assert_eq!(qp.provider(), Provider::Shm);
-        remotes.push(conn.peer.region.unwrap());
-        conns.push(conn);
-    }
+    let conns = accept_each(&qps, &listeners, None);
+    let remotes: Vec<RemoteRegion> = conns.iter().map(|c| c.peer.region.unwrap()).collect();
     let (doomed, survivor) = (&qps[0], &qps[1]);
     let buf = s.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
     buf.write(0, &pattern(1, 64)).unwrap();

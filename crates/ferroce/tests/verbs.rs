@@ -443,39 +443,34 @@ fn sixty_four_qps_at_once(p: Provider) {
 }
 
 /// Each test once per provider.
-macro_rules! per_provider {
-    ($provider:expr, $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                super::$name($provider)
-            }
-        )*
+/// One `#[test]` per provider for each scenario: `udp::name` and `shm::name`.
+macro_rules! on_both_providers {
+    ($($name:ident),* $(,)?) => {
+        mod udp {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(ferroce::Provider::Udp)
+                }
+            )*
+        }
+        mod shm {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(ferroce::Provider::Shm)
+                }
+            )*
+        }
     };
 }
 
-mod udp {
-    per_provider!(
-        ferroce::Provider::Udp,
-        write_read_send_at_every_size_up_to_16_mib,
-        write_with_immediate_and_atomics,
-        bad_rkey_gives_remote_access_error_and_untouched_memory,
-        repeated_requests_are_checked_every_time,
-        shared_receive_queue_feeds_several_qps,
-        completion_channel_wakes_a_blocked_thread,
-        sixty_four_qps_at_once
-    );
-}
-
-mod shm {
-    per_provider!(
-        ferroce::Provider::Shm,
-        write_read_send_at_every_size_up_to_16_mib,
-        write_with_immediate_and_atomics,
-        bad_rkey_gives_remote_access_error_and_untouched_memory,
-        repeated_requests_are_checked_every_time,
-        shared_receive_queue_feeds_several_qps,
-        completion_channel_wakes_a_blocked_thread,
-        sixty_four_qps_at_once
-    );
-}
+on_both_providers!(
+    write_read_send_at_every_size_up_to_16_mib,
+    write_with_immediate_and_atomics,
+    bad_rkey_gives_remote_access_error_and_untouched_memory,
+    repeated_requests_are_checked_every_time,
+    shared_receive_queue_feeds_several_qps,
+    completion_channel_wakes_a_blocked_thread,
+    sixty_four_qps_at_once,
+);
