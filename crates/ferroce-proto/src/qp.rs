@@ -336,17 +336,34 @@ impl QueuePair {
     /// Posts a send work request (the doorbell). In ERR the request completes at once with
     /// the flush status, as the IBTA requires.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-        self.check_send(&wr)?;
+        if self.admit_send(&wr)? {
+            self.req.push(wr);
+        }
+        Ok(())
+    }
+
+    /// [`Self::post_send`] of a request the caller keeps: the queue takes a copy, made in
+    /// the allocation of a request that already retired (a ping-pong or a stream reposting
+    /// one request allocates nothing).
+    pub fn post_send_copy(&mut self, wr: &SendWr) -> Result<(), PostError> {
+        if self.admit_send(wr)? {
+            self.req.push_copy(wr);
+        }
+        Ok(())
+    }
+
+    /// The checks of a post; `Ok(false)` when the request completed at once (flushed in ERR).
+    fn admit_send(&mut self, wr: &SendWr) -> Result<bool, PostError> {
+        self.check_send(wr)?;
         if self.req.len() >= self.caps.max_send_wr as usize {
             return Err(PostError::QueueFull(self.caps.max_send_wr));
         }
         if self.state == QpState::Error {
             self.completions
-                .push_back(crate::requester::flushed(&self.params, &wr));
-            return Ok(());
+                .push_back(crate::requester::flushed(&self.params, wr));
+            return Ok(false);
         }
-        self.req.push(wr);
-        Ok(())
+        Ok(true)
     }
 
     /// Whether `wr` could be posted now (state, scatter/gather list, inline data, atomic

@@ -82,7 +82,7 @@ use crate::attr::{ack_timeout, RNR_RETRY_INFINITE};
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::counters::Counters;
 use crate::emit;
-use crate::memory::{Access, KeyKind, Memory};
+use crate::memory::{Access, KeyKind, Memory, Sge};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
 use crate::responder::{walk_sges, UNASKED_ACK_DELAY};
 use crate::time::Instant;
@@ -236,7 +236,14 @@ pub(crate) struct Requester {
     /// completer keeps responses that arrive after a gap, so each gap costs a piece, not a
     /// window, and random loss would otherwise hold the pieces at the minimum.
     read_recover: Option<Psn>,
+    /// Scatter/gather lists of retired requests, kept for [`Self::push_copy`]: a request
+    /// posted by reference is copied into one of these, so posting and retiring a request
+    /// allocates and frees nothing once a few have gone through.
+    spare_sgls: Vec<Vec<Sge>>,
 }
+
+/// How many retired scatter/gather lists a requester keeps for reuse.
+const SPARE_SGLS: usize = 16;
 
 impl Requester {
     pub fn start(&mut self, sq_psn: Psn, p: &Params) {
@@ -252,6 +259,22 @@ impl Requester {
 
     pub fn next_psn(&self) -> Psn {
         self.next_psn
+    }
+
+    /// Queues a copy of `wr`, its scatter/gather list in a recycled allocation.
+    pub fn push_copy(&mut self, wr: &SendWr) {
+        let mut sgl = self.spare_sgls.pop().unwrap_or_default();
+        sgl.clear();
+        sgl.extend_from_slice(&wr.sgl);
+        self.push(SendWr {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sgl,
+            inline_data: wr.inline_data.clone(),
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            flags: wr.flags,
+        });
     }
 
     pub fn push(&mut self, wr: SendWr) {
@@ -296,7 +319,11 @@ impl Requester {
             if status != WcStatus::Success || w.wr.flags.signaled {
                 cq.push_back(completion(p, &w.wr, status, w.len));
             }
-            self.sq.pop_front();
+            if let Some(w) = self.sq.pop_front() {
+                if self.spare_sgls.len() < SPARE_SGLS {
+                    self.spare_sgls.push(w.wr.sgl);
+                }
+            }
             self.cursor = self.cursor.saturating_sub(1);
         }
     }

@@ -475,3 +475,50 @@ fn duplicated_atomics_execute_once_and_replay_the_saved_original() {
         );
     }
 }
+
+/// Requests posted by reference are copied into the scatter/gather lists of requests that
+/// already retired. A recycled list must carry exactly the new request's entries: posting
+/// three-, one- and two-piece WRITEs in turn (each reusing a list a longer or shorter one
+/// left) gathers each request's own pieces, byte for byte, and nothing of an earlier one.
+#[test]
+fn requests_posted_by_reference_gather_exactly_their_own_pieces() {
+    let mut p = pair();
+    let src = p.register(0, 96, Access::LOCAL_WRITE);
+    let dst = p.register(1, 96, Access::ALL);
+    let data = random_bytes(9, 96);
+    p.bytes_mut(src).copy_from_slice(&data);
+    let pieces: [&[(usize, usize)]; 4] = [
+        &[(0, 8), (40, 8), (80, 16)],
+        &[(16, 4)],
+        &[(64, 8), (8, 24)],
+        &[(0, 96)],
+    ];
+    for (round, list) in pieces.iter().cycle().take(12).enumerate() {
+        p.bytes_mut(dst).fill(0);
+        let len: usize = list.iter().map(|&(_, n)| n).sum();
+        let wr = SendWr::new(
+            round as u64,
+            SendOp::Write,
+            list.iter().map(|&(off, n)| src.sge(off, n)).collect(),
+        )
+        .remote(dst.base, dst.rkey);
+        p.qp(0).post_send_copy(&wr).unwrap();
+        let wc = p.wait_completions(0, 1, LIMIT);
+        assert_eq!(
+            wc.iter()
+                .map(|w| (w.wr_id, w.status, w.byte_len as usize))
+                .collect::<Vec<_>>(),
+            [(round as u64, WcStatus::Success, len)],
+            "round {round}"
+        );
+        let expected: Vec<u8> = list
+            .iter()
+            .flat_map(|&(off, n)| data[off..off + n].iter().copied())
+            .collect();
+        assert_eq!(&p.bytes(dst)[..len], &expected[..], "round {round}");
+        assert!(
+            p.bytes(dst)[len..].iter().all(|&b| b == 0),
+            "round {round}: bytes past the request's length were written"
+        );
+    }
+}

@@ -261,7 +261,10 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
     }
     // An idle pass (nothing received, posted, or due) need not visit the QPs: that keeps a
     // busy-polling application's loop to one system call.
-    let pending = shared.work_pending.swap(false, Ordering::AcqRel);
+    // Read before it is cleared: most passes find it clear, and a load is not a locked
+    // instruction.
+    let pending = shared.work_pending.load(Ordering::Acquire)
+        && shared.work_pending.swap(false, Ordering::AcqRel);
     let due = st.next_deadline.is_some_and(|d| d <= now);
     if !did && !pending && !due {
         return false;

@@ -407,7 +407,10 @@ impl QueuePair {
                 return Ok(false);
             }
         }
-        self.with(|q| q.post_send(wr.into_owned()))?;
+        match wr {
+            Cow::Owned(wr) => self.with(|q| q.post_send(wr))?,
+            Cow::Borrowed(wr) => self.with(|q| q.post_send_copy(wr))?,
+        }
         Ok(true)
     }
 
