@@ -388,9 +388,10 @@ fn send_one(
     sslen: libc::socklen_t,
 ) -> io::Result<()> {
     loop {
-        // SAFETY: `bytes` and `ss` are live for the call and the kernel only reads them;
-        // `sslen` is the length `std_to_sockaddr` filled in.
         // Straight to the kernel, not through glibc's cancellation point (see `recv`).
+        // SAFETY: `bytes` and `ss` are live for the call and the kernel only reads them;
+        // `sslen` is the length `std_to_sockaddr` filled in; sendto(2) takes (fd, buf, len,
+        // flags, addr, addrlen).
         let r = unsafe {
             libc::syscall(
                 libc::SYS_sendto,
