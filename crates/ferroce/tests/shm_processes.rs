@@ -123,6 +123,20 @@ fn two_peers(test: &str, role: &str, vars: &[(&str, String)]) -> ([Listener; 2],
     (listeners, peers)
 }
 
+/// Binds a listener and spawns a `child_target` peer serving a region of `len` bytes at
+/// `base` on it, with any `extra` settings.
+fn spawn_target(len: usize, base: u64, extra: &[(&str, String)]) -> (Listener, Peer) {
+    let listener = Listener::bind(loopback()).unwrap();
+    let mut vars = vec![
+        (CM_ENV, listener.local_addr().to_string()),
+        (LEN_ENV, len.to_string()),
+        (BASE_ENV, base.to_string()),
+    ];
+    vars.extend(extra.iter().cloned());
+    let peer = Peer::spawn("child_target", "target", &vars);
+    (listener, peer)
+}
+
 /// Accepts each listener's peer on the matching QP, offering `region`, and checks the QP went
 /// over shared memory.
 fn accept_each(
@@ -493,16 +507,7 @@ fn one_sided_operations_reach_a_stopped_target() {
     const SLOTS: usize = 16;
     const LEN: usize = 8 + SLOTS * SLOT;
     const BASE: u64 = 0x5eed_0000_0000_0000;
-    let listener = Listener::bind(loopback()).unwrap();
-    let mut target = Peer::spawn(
-        "child_target",
-        "target",
-        &[
-            (CM_ENV, listener.local_addr().to_string()),
-            (LEN_ENV, LEN.to_string()),
-            (BASE_ENV, BASE.to_string()),
-        ],
-    );
+    let (listener, mut target) = spawn_target(LEN, BASE, &[]);
     let s = side(Provider::Shm);
     let qp = new_qp(&s.pd, &s.cq);
     let local = qp.endpoint_info(psn_of(qp.qpn()), None);
@@ -613,17 +618,7 @@ fn udp_rx_queue(port: u16) -> Option<u64> {
 #[test]
 fn write_right_after_the_peer_reached_rts_needs_no_peer_code() {
     const LEN: usize = 4096;
-    let listener = Listener::bind(loopback()).unwrap();
-    let mut target = Peer::spawn(
-        "child_target",
-        "target",
-        &[
-            (CM_ENV, listener.local_addr().to_string()),
-            (LEN_ENV, LEN.to_string()),
-            (BASE_ENV, "0".to_string()),
-            (STOP_AFTER_RTR_ENV, "1".to_string()),
-        ],
-    );
+    let (listener, mut target) = spawn_target(LEN, 0, &[(STOP_AFTER_RTR_ENV, "1".to_string())]);
     let s = side(Provider::Shm);
     let qp = new_qp(&s.pd, &s.cq);
     let src = s.pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
@@ -848,16 +843,7 @@ fn killed_peer_fails_its_qp_and_spares_the_others() {
 #[test]
 fn killed_peer_ends_a_stream_of_direct_writes() {
     const LEN: usize = 4096;
-    let listener = Listener::bind(loopback()).unwrap();
-    let mut target = Peer::spawn(
-        "child_target",
-        "target",
-        &[
-            (CM_ENV, listener.local_addr().to_string()),
-            (LEN_ENV, LEN.to_string()),
-            (BASE_ENV, "0".to_string()),
-        ],
-    );
+    let (listener, mut target) = spawn_target(LEN, 0, &[]);
     let s = side(Provider::Shm);
     let qp = new_qp(&s.pd, &s.cq);
     let local = qp.endpoint_info(psn_of(qp.qpn()), None);
