@@ -130,12 +130,50 @@ impl Wire {
     }
 }
 
+impl Wire {
+    /// One round of an 8 B WRITE ping-pong as `ferroce perf write_lat` makes it: `a` WRITEs
+    /// unsignaled into `b`, `b` WRITEs back; each packet goes straight to the other side.
+    /// What one round costs is the transport's share of two one-way latencies.
+    fn write_pingpong(&mut self, wr: &SendWr) {
+        let now = Instant::ZERO;
+        self.a.post_send_copy(wr).unwrap();
+        let n = self.a.poll_transmit(now, &mut self.mem_a, &mut self.buf).unwrap();
+        self.b.handle_packet(now, &mut self.mem_b, &self.buf[..n]).unwrap();
+        self.b.post_send_copy(wr).unwrap();
+        let n = self.b.poll_transmit(now, &mut self.mem_b, &mut self.buf).unwrap();
+        self.a.handle_packet(now, &mut self.mem_a, &self.buf[..n]).unwrap();
+        // The occasional ACK of a run of unasked requests.
+        while let Some(n) = self.a.poll_transmit(now, &mut self.mem_a, &mut self.buf) {
+            self.b.handle_packet(now, &mut self.mem_b, &self.buf[..n]).unwrap();
+        }
+        while let Some(n) = self.b.poll_transmit(now, &mut self.mem_b, &mut self.buf) {
+            self.a.handle_packet(now, &mut self.mem_a, &self.buf[..n]).unwrap();
+        }
+    }
+}
+
 fn bench(c: &mut Criterion) {
     const BATCH: u64 = 256;
     let mut g = c.benchmark_group("transport");
     g.throughput(Throughput::Elements(BATCH));
     let mut w = Wire::new(PathMtu::Mtu1024, 8);
     g.bench_function("send_8B", |b| b.iter(|| w.batch(SendOp::Send, 8, BATCH)));
+    // Both sides use the same addresses and keys (their regions are registered alike).
+    let mut w = Wire::new(PathMtu::Mtu1024, 8);
+    w.a.set_peer_acks_unasked(true);
+    w.b.set_peer_acks_unasked(true);
+    let wr = SendWr::new(
+        0,
+        SendOp::Write,
+        vec![Sge {
+            addr: 0x1000,
+            length: 8,
+            lkey: w.src_lkey,
+        }],
+    )
+    .remote(0x1000, w.dst_rkey);
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("write_8B_pingpong_round", |b| b.iter(|| w.write_pingpong(&wr)));
     let mut w = Wire::new(PathMtu::Mtu4096, 64 * 1024);
     g.throughput(Throughput::Elements(16));
     g.bench_function("write_64KiB_mtu4096", |b| {
