@@ -168,7 +168,15 @@ macro_rules! opcodes {
             $( $(#[$doc])* pub const $konst: Opcode = Opcode($val); )*
 
             /// What the table says about this opcode, or `None` for a reserved or RD opcode.
+            #[inline]
             pub const fn info(self) -> Option<&'static OpcodeInfo> {
+                // One load from a table built at compile time: every packet parsed or built
+                // asks, some several times.
+                OPCODE_TABLE[self.0 as usize]
+            }
+
+            /// The table's entry for `self`, as written in the list below.
+            const fn lookup(self) -> Option<&'static OpcodeInfo> {
                 match self.0 {
                     $( $val => {
                         const INFO: OpcodeInfo = OpcodeInfo {
@@ -185,6 +193,17 @@ macro_rules! opcodes {
                 }
             }
         }
+
+        /// [`Opcode::info`] of every byte value.
+        const OPCODE_TABLE: [Option<&'static OpcodeInfo>; 256] = {
+            let mut table = [None; 256];
+            let mut i = 0;
+            while i < 256 {
+                table[i] = Opcode(i as u8).lookup();
+                i += 1;
+            }
+            table
+        };
 
         /// Every opcode ferroce parses, in numeric order.
         pub const ALL_OPCODES: &[Opcode] = &[$(Opcode($val)),*];

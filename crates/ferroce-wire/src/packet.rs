@@ -27,6 +27,42 @@ pub const fn pad_for(payload_len: usize) -> u8 {
     ((4 - (payload_len % 4)) % 4) as u8
 }
 
+/// The order in which extension headers follow the BTH.
+const HEADER_ORDER: [HeaderSet; 8] = [
+    HeaderSet::DETH,
+    HeaderSet::RETH,
+    HeaderSet::ATOMIC_ETH,
+    HeaderSet::AETH,
+    HeaderSet::ATOMIC_ACK_ETH,
+    HeaderSet::IMMDT,
+    HeaderSet::IETH,
+    HeaderSet::CNP_RESERVED,
+];
+
+/// Hands out the byte ranges of the extension headers a packet carries, front to back: a
+/// single pass over the headers, for parsing and building alike.
+struct HeaderCursor {
+    set: HeaderSet,
+    at: usize,
+}
+
+impl HeaderCursor {
+    fn new(set: HeaderSet) -> HeaderCursor {
+        HeaderCursor { set, at: bth::LEN }
+    }
+
+    /// The range of `which` if the packet carries it. Called in [`HEADER_ORDER`].
+    #[inline]
+    fn next(&mut self, which: HeaderSet) -> Option<core::ops::Range<usize>> {
+        if !self.set.contains(which) {
+            return None;
+        }
+        let start = self.at;
+        self.at += which.encoded_len();
+        Some(start..self.at)
+    }
+}
+
 /// Zero-copy view of a transport packet, from the first BTH byte to the last ICRC byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RocePacket<T: AsRef<[u8]>> {
@@ -39,18 +75,8 @@ fn header_offset(set: HeaderSet, which: HeaderSet) -> Option<usize> {
     if !set.contains(which) {
         return None;
     }
-    let order = [
-        HeaderSet::DETH,
-        HeaderSet::RETH,
-        HeaderSet::ATOMIC_ETH,
-        HeaderSet::AETH,
-        HeaderSet::ATOMIC_ACK_ETH,
-        HeaderSet::IMMDT,
-        HeaderSet::IETH,
-        HeaderSet::CNP_RESERVED,
-    ];
     let mut off = bth::LEN;
-    for h in order {
+    for h in HEADER_ORDER {
         if h == which {
             return Some(off);
         }
@@ -76,6 +102,11 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
 
     /// Validates the buffer as a packet.
     pub fn check(&self) -> Result<()> {
+        self.checked_info().map(|_| ())
+    }
+
+    /// Validates the buffer as a packet and returns its opcode's table entry.
+    fn checked_info(&self) -> Result<&'static OpcodeInfo> {
         let b = self.buffer.as_ref();
         WireError::check_len(bth::LEN + ICRC_LEN, b.len())?;
         let bth = Bth::new_unchecked(b);
@@ -100,7 +131,7 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
                 pad,
             });
         }
-        Ok(())
+        Ok(info)
     }
 
     /// The wrapped buffer.
@@ -301,27 +332,53 @@ impl PacketRepr {
 
     /// Reads a packet (validating it first).
     pub fn parse<T: AsRef<[u8]>>(p: &RocePacket<T>) -> Result<PacketRepr> {
-        p.check()?;
+        let info = p.checked_info()?;
+        let b = p.as_bytes();
         let bth = BthRepr::parse(&p.bth())?;
-        let ext = ExtHeaders {
-            deth: p.deth().map(|h| DethRepr::parse(&h)).transpose()?,
-            reth: p.reth().map(|h| RethRepr::parse(&h)).transpose()?,
-            atomic_eth: p
-                .atomic_eth()
-                .map(|h| AtomicEthRepr::parse(&h))
-                .transpose()?,
-            aeth: p.aeth().map(|h| AethRepr::parse(&h)).transpose()?,
-            atomic_ack_eth: p
-                .atomic_ack_eth()
-                .map(|h| AtomicAckEthRepr::parse(&h))
-                .transpose()?,
-            immdt: p.immdt().map(|h| ImmDtRepr::parse(&h)).transpose()?,
-            ieth: p.ieth().map(|h| IethRepr::parse(&h)).transpose()?,
+        let mut cursor = HeaderCursor::new(info.headers);
+        // `checked_info` made sure every header the opcode carries is there.
+        let mut next = |which: HeaderSet| -> Result<Option<&[u8]>> {
+            cursor
+                .next(which)
+                .map(|r| {
+                    let needed = r.end;
+                    b.get(r).ok_or(WireError::Truncated {
+                        needed,
+                        available: b.len(),
+                    })
+                })
+                .transpose()
         };
+        let ext = ExtHeaders {
+            deth: next(HeaderSet::DETH)?
+                .map(|h| DethRepr::parse(&Deth::new_unchecked(h)))
+                .transpose()?,
+            reth: next(HeaderSet::RETH)?
+                .map(|h| RethRepr::parse(&Reth::new_unchecked(h)))
+                .transpose()?,
+            atomic_eth: next(HeaderSet::ATOMIC_ETH)?
+                .map(|h| AtomicEthRepr::parse(&AtomicEth::new_unchecked(h)))
+                .transpose()?,
+            aeth: next(HeaderSet::AETH)?
+                .map(|h| AethRepr::parse(&Aeth::new_unchecked(h)))
+                .transpose()?,
+            atomic_ack_eth: next(HeaderSet::ATOMIC_ACK_ETH)?
+                .map(|h| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(h)))
+                .transpose()?,
+            immdt: next(HeaderSet::IMMDT)?
+                .map(|h| ImmDtRepr::parse(&ImmDt::new_unchecked(h)))
+                .transpose()?,
+            ieth: next(HeaderSet::IETH)?
+                .map(|h| IethRepr::parse(&Ieth::new_unchecked(h)))
+                .transpose()?,
+        };
+        let headers_end = bth::LEN + info.headers.encoded_len();
         Ok(PacketRepr {
+            payload_len: b
+                .len()
+                .saturating_sub(headers_end + ICRC_LEN + usize::from(bth.pad_count)),
             bth,
             ext,
-            payload_len: p.payload_len(),
         })
     }
 
@@ -349,6 +406,11 @@ impl PacketRepr {
     /// Checks the headers match the opcode, the pad count matches the payload length, and an
     /// opcode without payload has none.
     pub fn validate(&self) -> Result<()> {
+        self.validated_info().map(|_| ())
+    }
+
+    /// [`Self::validate`], returning the opcode's table entry.
+    fn validated_info(&self) -> Result<&'static OpcodeInfo> {
         let info = self.info()?;
         // The CNP's reserved block is not an extension header: a CNP carries none.
         let mut expected = info.headers;
@@ -370,52 +432,61 @@ impl PacketRepr {
                 payload_len: self.payload_len,
             });
         }
-        Ok(())
+        Ok(info)
     }
 
     /// Writes headers and pad into the first [`Self::buffer_len`] bytes of `buf`, leaving the
     /// payload bytes and the ICRC untouched. Returns the packet length.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        self.validate()?;
-        let total = self.buffer_len()?;
+        let info = self.validated_info()?;
+        let headers_end = bth::LEN + info.headers.encoded_len();
+        let pad_start = headers_end + self.payload_len;
+        let total = pad_start + usize::from(self.bth.pad_count) + ICRC_LEN;
         WireError::check_len(total, buf.len())?;
         let buf = &mut buf[..total];
         self.bth
             .emit(&mut Bth::new_unchecked(&mut buf[..bth::LEN]))?;
-        let set = self.info()?.headers;
-        let slot = |buf: &mut [u8], which: HeaderSet| -> Option<core::ops::Range<usize>> {
-            header_offset(set, which)
-                .map(|o| o..o + which.encoded_len())
-                .filter(|r| r.end <= buf.len())
-        };
-        if let (Some(h), Some(r)) = (&self.ext.deth, slot(buf, HeaderSet::DETH)) {
-            h.emit(&mut Deth::new_unchecked(&mut buf[r]))?;
+        // `validated_info` made sure the headers present are exactly the opcode's, and every
+        // range lies before `headers_end`, inside `buf`.
+        let mut cursor = HeaderCursor::new(info.headers);
+        if let Some(r) = cursor.next(HeaderSet::DETH) {
+            if let Some(h) = &self.ext.deth {
+                h.emit(&mut Deth::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let (Some(h), Some(r)) = (&self.ext.reth, slot(buf, HeaderSet::RETH)) {
-            h.emit(&mut Reth::new_unchecked(&mut buf[r]))?;
+        if let Some(r) = cursor.next(HeaderSet::RETH) {
+            if let Some(h) = &self.ext.reth {
+                h.emit(&mut Reth::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let (Some(h), Some(r)) = (&self.ext.atomic_eth, slot(buf, HeaderSet::ATOMIC_ETH)) {
-            h.emit(&mut AtomicEth::new_unchecked(&mut buf[r]))?;
+        if let Some(r) = cursor.next(HeaderSet::ATOMIC_ETH) {
+            if let Some(h) = &self.ext.atomic_eth {
+                h.emit(&mut AtomicEth::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let (Some(h), Some(r)) = (&self.ext.aeth, slot(buf, HeaderSet::AETH)) {
-            h.emit(&mut Aeth::new_unchecked(&mut buf[r]))?;
+        if let Some(r) = cursor.next(HeaderSet::AETH) {
+            if let Some(h) = &self.ext.aeth {
+                h.emit(&mut Aeth::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let (Some(h), Some(r)) = (
-            &self.ext.atomic_ack_eth,
-            slot(buf, HeaderSet::ATOMIC_ACK_ETH),
-        ) {
-            h.emit(&mut AtomicAckEth::new_unchecked(&mut buf[r]))?;
+        if let Some(r) = cursor.next(HeaderSet::ATOMIC_ACK_ETH) {
+            if let Some(h) = &self.ext.atomic_ack_eth {
+                h.emit(&mut AtomicAckEth::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let (Some(h), Some(r)) = (&self.ext.immdt, slot(buf, HeaderSet::IMMDT)) {
-            h.emit(&mut ImmDt::new_unchecked(&mut buf[r]))?;
+        if let Some(r) = cursor.next(HeaderSet::IMMDT) {
+            if let Some(h) = &self.ext.immdt {
+                h.emit(&mut ImmDt::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let (Some(h), Some(r)) = (&self.ext.ieth, slot(buf, HeaderSet::IETH)) {
-            h.emit(&mut Ieth::new_unchecked(&mut buf[r]))?;
+        if let Some(r) = cursor.next(HeaderSet::IETH) {
+            if let Some(h) = &self.ext.ieth {
+                h.emit(&mut Ieth::new_unchecked(&mut buf[r]))?;
+            }
         }
-        if let Some(r) = slot(buf, HeaderSet::CNP_RESERVED) {
+        if let Some(r) = cursor.next(HeaderSet::CNP_RESERVED) {
             buf[r].fill(0);
         }
-        let pad_start = self.header_len()? + self.payload_len;
         buf[pad_start..total - ICRC_LEN].fill(0);
         Ok(total)
     }
