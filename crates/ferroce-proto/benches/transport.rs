@@ -137,17 +137,31 @@ impl Wire {
     fn write_pingpong(&mut self, wr: &SendWr) {
         let now = Instant::ZERO;
         self.a.post_send_copy(wr).unwrap();
-        let n = self.a.poll_transmit(now, &mut self.mem_a, &mut self.buf).unwrap();
-        self.b.handle_packet(now, &mut self.mem_b, &self.buf[..n]).unwrap();
+        let n = self
+            .a
+            .poll_transmit(now, &mut self.mem_a, &mut self.buf)
+            .unwrap();
+        self.b
+            .handle_packet(now, &mut self.mem_b, &self.buf[..n])
+            .unwrap();
         self.b.post_send_copy(wr).unwrap();
-        let n = self.b.poll_transmit(now, &mut self.mem_b, &mut self.buf).unwrap();
-        self.a.handle_packet(now, &mut self.mem_a, &self.buf[..n]).unwrap();
+        let n = self
+            .b
+            .poll_transmit(now, &mut self.mem_b, &mut self.buf)
+            .unwrap();
+        self.a
+            .handle_packet(now, &mut self.mem_a, &self.buf[..n])
+            .unwrap();
         // The occasional ACK of a run of unasked requests.
         while let Some(n) = self.a.poll_transmit(now, &mut self.mem_a, &mut self.buf) {
-            self.b.handle_packet(now, &mut self.mem_b, &self.buf[..n]).unwrap();
+            self.b
+                .handle_packet(now, &mut self.mem_b, &self.buf[..n])
+                .unwrap();
         }
         while let Some(n) = self.b.poll_transmit(now, &mut self.mem_b, &mut self.buf) {
-            self.a.handle_packet(now, &mut self.mem_a, &self.buf[..n]).unwrap();
+            self.a
+                .handle_packet(now, &mut self.mem_a, &self.buf[..n])
+                .unwrap();
         }
     }
 }
@@ -173,7 +187,9 @@ fn bench(c: &mut Criterion) {
     )
     .remote(0x1000, w.dst_rkey);
     g.throughput(Throughput::Elements(1));
-    g.bench_function("write_8B_pingpong_round", |b| b.iter(|| w.write_pingpong(&wr)));
+    g.bench_function("write_8B_pingpong_round", |b| {
+        b.iter(|| w.write_pingpong(&wr))
+    });
     let mut w = Wire::new(PathMtu::Mtu4096, 64 * 1024);
     g.throughput(Throughput::Elements(16));
     g.bench_function("write_64KiB_mtu4096", |b| {

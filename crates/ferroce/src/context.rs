@@ -159,6 +159,9 @@ pub(crate) struct ContextShared {
     pub capture: Option<Capture>,
     /// Whether UDP segmentation offload works for sending (cleared on the first refusal).
     pub gso: AtomicBool,
+    /// Whether the engine may ask for UDP GRO on the socket once bulk traffic arrives (see
+    /// `engine`'s "Receive offload"); `FERROCE_NO_GRO` says no.
+    pub gro_allowed: bool,
     /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
     pub work_pending: AtomicBool,
     pub counters: EngineCounters,
@@ -349,11 +352,6 @@ impl Context {
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
-        if std::env::var_os("FERROCE_NO_GRO").is_none() {
-            // Where the kernel has UDP GRO, same-size datagrams arrive coalesced; without it,
-            // one by one, which the engine handles the same way.
-            crate::sys::enable_gro(std::os::fd::AsRawFd::as_raw_fd(&socket));
-        }
         let local = socket
             .local_addr()
             .map_err(|e| Error::io("reading the RoCE socket's address", e))?;
@@ -390,6 +388,7 @@ impl Context {
             capture,
             work_pending: AtomicBool::new(true),
             gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
+            gro_allowed: std::env::var_os("FERROCE_NO_GRO").is_none(),
             counters: EngineCounters::default(),
             retired_qp_counters: Mutex::new(Counters::default()),
             shm,

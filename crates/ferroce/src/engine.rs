@@ -26,6 +26,15 @@
 //! AckReq bit clear and the responder acknowledges a run of them with one ACK (see
 //! `ferroce_proto::QueuePair::set_peer_acks_unasked`, negotiated by [`crate::cm`]).
 //!
+//! # Receive offload
+//! With UDP GRO on, the kernel hands over a run of same-size datagrams as one message, and only
+//! a control message says where to cut it; reading that takes `recvmsg`, ~70 ns more than
+//! `recvfrom` per look on an empty socket, and a busy-polling application looks all the time.
+//! So the socket starts without GRO, every look a `recvfrom`, and the engine asks for GRO the
+//! first time one read brings a run that GRO would have coalesced (a bulk transfer); from then
+//! on every read is a `recvmsg`. Without GRO the kernel cuts a coalesced arrival into datagrams
+//! before queueing it, so no read ever needs the control message it did not take.
+//!
 //! # ICRC of received packets
 //! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader. A
 //! ferroce sender uses an unconnected socket with DF set, for which Linux sends Identification
@@ -76,6 +85,26 @@ pub(crate) struct DeferredAck {
     deadline: Instant,
 }
 
+/// Whether the last read brought a run of datagrams that receive offload would have
+/// coalesced: [`GSO_MIN_RUN`] or more in a row of one length, at least [`GSO_MIN_SEGMENT`].
+fn bulk_arrived(rx: &RecvBatch, n: usize) -> bool {
+    let mut run = 0;
+    let mut last = 0;
+    for i in 0..n {
+        let Some((bytes, _, seg)) = rx.get(i) else {
+            run = 0;
+            continue;
+        };
+        let len = bytes.len().min(seg);
+        run = if len == last { run + 1 } else { 1 };
+        last = len;
+        if len >= GSO_MIN_SEGMENT && run >= GSO_MIN_RUN {
+            return true;
+        }
+    }
+    false
+}
+
 /// Whether a packet is a request (SEND, WRITE, READ request, atomic), not an answer.
 fn is_request(pkt: &[u8]) -> bool {
     use ferroce_wire::opcode::Operation;
@@ -120,6 +149,8 @@ pub(crate) struct EngineState {
     rx_more: bool,
     /// The QP the last datagram went to.
     last_qp: LastQp,
+    /// Whether UDP GRO was asked for (see "Receive offload" in the module doc).
+    gro_asked: bool,
 }
 
 impl std::fmt::Debug for EngineState {
@@ -144,6 +175,7 @@ impl EngineState {
             udp_polled: 0,
             rx_more: false,
             last_qp: LastQp::default(),
+            gro_asked: false,
         }
     }
 }
@@ -239,6 +271,10 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
                 c.rx_packets.fetch_add(1, Ordering::Relaxed);
                 c.malformed.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if n > 1 && !st.gro_asked && shared.gro_allowed && bulk_arrived(&st.rx, n) {
+            st.gro_asked = true;
+            st.rx.enable_coalescing(fd);
         }
         // A lone datagram taken after an empty look is most likely what an application
         // waits for: it goes to its QP now, and the batch read that follows waits for the
