@@ -676,17 +676,23 @@ impl ShmHost {
             &with_pid,
             &[self.table.map.fd(), qp.page.map.fd()],
         )?;
+        // The peer's hello may be read at any moment by another thread (`take_hello`), which
+        // under this QP's link lock either completes a pending link or parks the hello as an
+        // offer. So the link turns pending and the parked offer is looked for under that same
+        // lock: the hello is then seen by exactly one of the two. (Looking for the offer first
+        // and taking the lock after let a hello parked in between wait forever, with this side
+        // pending and the peer linked, its packets going to a ring nobody read.)
+        let mut link = qp.lock();
+        *link = Link::Pending {
+            out: sock,
+            peer_qpn,
+        };
         let offer = self
             .offers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&qpn)
             .filter(|o| o.peer_qpn == peer_qpn);
-        let mut link = qp.lock();
-        *link = Link::Pending {
-            out: sock,
-            peer_qpn,
-        };
         if let Some(o) = offer {
             complete(qp, &mut link, o)?;
         }
