@@ -132,37 +132,14 @@ impl Wire {
 
 impl Wire {
     /// One round of an 8 B WRITE ping-pong as `ferroce perf write_lat` makes it: `a` WRITEs
-    /// unsignaled into `b`, `b` WRITEs back; each packet goes straight to the other side.
-    /// What one round costs is the transport's share of two one-way latencies.
+    /// unsignaled into `b`, `b` WRITEs back; each packet goes straight to the other side, and
+    /// so does the ACK of a run of unasked requests now and then. What one round costs is the
+    /// transport's share of two one-way latencies.
     fn write_pingpong(&mut self, wr: &SendWr) {
-        let now = Instant::ZERO;
         self.a.post_send_copy(wr).unwrap();
-        let n = self
-            .a
-            .poll_transmit(now, &mut self.mem_a, &mut self.buf)
-            .unwrap();
-        self.b
-            .handle_packet(now, &mut self.mem_b, &self.buf[..n])
-            .unwrap();
+        self.pump();
         self.b.post_send_copy(wr).unwrap();
-        let n = self
-            .b
-            .poll_transmit(now, &mut self.mem_b, &mut self.buf)
-            .unwrap();
-        self.a
-            .handle_packet(now, &mut self.mem_a, &self.buf[..n])
-            .unwrap();
-        // The occasional ACK of a run of unasked requests.
-        while let Some(n) = self.a.poll_transmit(now, &mut self.mem_a, &mut self.buf) {
-            self.b
-                .handle_packet(now, &mut self.mem_b, &self.buf[..n])
-                .unwrap();
-        }
-        while let Some(n) = self.b.poll_transmit(now, &mut self.mem_b, &mut self.buf) {
-            self.a
-                .handle_packet(now, &mut self.mem_a, &self.buf[..n])
-                .unwrap();
-        }
+        self.pump();
     }
 }
 
