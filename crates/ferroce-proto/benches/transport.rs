@@ -5,12 +5,11 @@
 //!
 //! `cargo bench -p ferroce-proto --bench transport`
 
-use std::net::Ipv6Addr;
-
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use ferroce_proto::sim::pair::{connected_qp, default_rtr, default_rts};
 use ferroce_proto::{
-    Access, InitAttr, Instant, PathMtu, QpCaps, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp,
-    SendWr, Sge, VecMemory,
+    Access, Instant, PathMtu, QpCaps, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr, Sge,
+    VecMemory,
 };
 use ferroce_wire::Psn;
 
@@ -31,26 +30,17 @@ fn qp(qpn: u32, peer: u32, mtu: PathMtu) -> QueuePair {
         max_recv_wr: 8192,
         ..QpCaps::default()
     };
-    let mut q = QueuePair::new(qpn, 1, caps);
-    q.modify_to_init(&InitAttr::default()).unwrap();
-    q.modify_to_rtr(&RtrAttr {
+    let rtr = RtrAttr {
         path_mtu: mtu,
-        dest_qpn: peer,
-        dest_gid: Ipv6Addr::LOCALHOST,
-        rq_psn: Psn::new(0),
         max_dest_rd_atomic: 16,
-        min_rnr_timer: 1,
-    })
-    .unwrap();
-    q.modify_to_rts(&RtsAttr {
-        sq_psn: Psn::new(0),
+        ..default_rtr(peer, Psn::new(0))
+    };
+    let rts = RtsAttr {
         timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
         max_rd_atomic: 16,
-    })
-    .unwrap();
-    q
+        ..default_rts()
+    };
+    connected_qp(qpn, caps, &rtr, &rts)
 }
 
 impl Wire {

@@ -1,9 +1,10 @@
 //! Counters: each event bumps the counter named for it, on the side that sees it. Two QPs are
 //! driven by hand, packet by packet, so a test can drop or replay exactly the packet it means.
 
+use ferroce_proto::sim::pair::{connected_qp, default_rtr, default_rts};
 use ferroce_proto::{
-    Access, InitAttr, Instant, PathMtu, QpCaps, QpState, QueuePair, RecvWr, RtrAttr, RtsAttr,
-    SendOp, SendWr, Sge, VecMemory, WcStatus,
+    Access, Instant, QpCaps, QpState, QueuePair, RecvWr, RtsAttr, SendOp, SendWr, Sge, VecMemory,
+    WcStatus,
 };
 use ferroce_wire::{Opcode, Psn, RocePacket};
 
@@ -18,25 +19,16 @@ const BASE: u64 = 0x10_0000;
 /// right (index 0) at `BASE`.
 fn pair() -> (Node, Node) {
     let mk = |qpn: u32, peer: u32| {
-        let mut qp = QueuePair::new(qpn, 1, QpCaps::default());
-        qp.modify_to_init(&InitAttr::default()).unwrap();
-        qp.modify_to_rtr(&RtrAttr {
-            path_mtu: PathMtu::Mtu1024,
-            dest_qpn: peer,
-            dest_gid: std::net::Ipv6Addr::LOCALHOST,
-            rq_psn: Psn::new(0),
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-        })
-        .unwrap();
-        qp.modify_to_rts(&RtsAttr {
-            sq_psn: Psn::new(0),
+        let rts = RtsAttr {
             timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-        })
-        .unwrap();
+            ..default_rts()
+        };
+        let qp = connected_qp(
+            qpn,
+            QpCaps::default(),
+            &default_rtr(peer, Psn::new(0)),
+            &rts,
+        );
         let mut mem = VecMemory::new();
         mem.register(1, BASE, 65_536, Access::ALL.with(Access::LOCAL_WRITE));
         Node { qp, mem }

@@ -5,10 +5,10 @@
 //! doc argues), each case between two real QPs unless it says which responder it imitates.
 
 use ferroce_proto::sim::ack_packet;
-use ferroce_proto::sim::pair::default_rts;
+use ferroce_proto::sim::pair::{connected_qp, default_rtr, default_rts};
 use ferroce_proto::{
-    Access, InitAttr, Instant, PathMtu, QpCaps, QpState, QueuePair, RtrAttr, RtsAttr, SendOp,
-    SendWr, Sge, VecMemory, WcOpcode, WcStatus,
+    Access, Instant, PathMtu, QpCaps, QpState, QueuePair, RtrAttr, RtsAttr, SendOp, SendWr, Sge,
+    VecMemory, WcOpcode, WcStatus,
 };
 use ferroce_wire::aeth::{AethRepr, NakCode, Syndrome};
 use ferroce_wire::bth::{BthRepr, DEFAULT_PKEY};
@@ -22,24 +22,17 @@ const B_PSN: u32 = 5000;
 /// Two QPs in RTS, each pointing at the other, MTU 256, 16 READ/atomic resources each way.
 fn pair() -> (QueuePair, QueuePair) {
     let make = |qpn, peer, sq, rq| {
-        let mut q = QueuePair::new(qpn, 1, QpCaps::default());
-        q.modify_to_init(&InitAttr::default()).unwrap();
-        q.modify_to_rtr(&RtrAttr {
+        let rtr = RtrAttr {
             path_mtu: PathMtu::Mtu256,
-            dest_qpn: peer,
-            dest_gid: std::net::Ipv6Addr::LOCALHOST,
-            rq_psn: Psn::new(rq),
             max_dest_rd_atomic: 16,
-            min_rnr_timer: 1,
-        })
-        .unwrap();
-        q.modify_to_rts(&RtsAttr {
+            ..default_rtr(peer, Psn::new(rq))
+        };
+        let rts = RtsAttr {
             sq_psn: Psn::new(sq),
             max_rd_atomic: 16,
             ..default_rts()
-        })
-        .unwrap();
-        q
+        };
+        connected_qp(qpn, QpCaps::default(), &rtr, &rts)
     };
     (
         make(A_QPN, B_QPN, A_PSN, B_PSN),

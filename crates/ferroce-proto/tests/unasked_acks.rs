@@ -3,9 +3,10 @@
 //! packet by packet, so each test sees exactly which packet asks and when the ACK leaves.
 
 use ferroce_proto::responder::UNASKED_ACK_DELAY;
+use ferroce_proto::sim::pair::{connected_qp, default_rtr, default_rts};
 use ferroce_proto::{
-    Access, InitAttr, Instant, PathMtu, QpCaps, QueuePair, RtrAttr, RtsAttr, SendFlags, SendOp,
-    SendWr, Sge, VecMemory, WcOpcode, WcStatus, UNASKED_RUN,
+    Access, Instant, QpCaps, QueuePair, RtsAttr, SendFlags, SendOp, SendWr, Sge, VecMemory,
+    WcOpcode, WcStatus, UNASKED_RUN,
 };
 use ferroce_wire::{Opcode, Psn, RocePacket};
 
@@ -21,25 +22,17 @@ const T0: Instant = Instant::from_nanos(1_000);
 /// 64 KiB region with every right at `BASE`.
 fn pair(timeout: u8) -> (Node, Node) {
     let mk = |qpn: u32, peer: u32| {
-        let mut qp = QueuePair::new(qpn, 1, QpCaps::default());
-        qp.modify_to_init(&InitAttr::default()).unwrap();
-        qp.modify_to_rtr(&RtrAttr {
-            path_mtu: PathMtu::Mtu1024,
-            dest_qpn: peer,
-            dest_gid: std::net::Ipv6Addr::LOCALHOST,
-            rq_psn: Psn::new(100),
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-        })
-        .unwrap();
-        qp.modify_to_rts(&RtsAttr {
+        let rts = RtsAttr {
             sq_psn: Psn::new(100),
             timeout,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-        })
-        .unwrap();
+            ..default_rts()
+        };
+        let qp = connected_qp(
+            qpn,
+            QpCaps::default(),
+            &default_rtr(peer, Psn::new(100)),
+            &rts,
+        );
         let mut mem = VecMemory::new();
         mem.register(1, BASE, 65_536, Access::ALL.with(Access::LOCAL_WRITE));
         Node { qp, mem }

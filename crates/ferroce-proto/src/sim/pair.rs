@@ -6,7 +6,7 @@ use core::time::Duration;
 use ferroce_wire::Psn;
 
 use super::{NetConfig, Sim};
-use crate::attr::{PathMtu, RtsAttr};
+use crate::attr::{InitAttr, PathMtu, QpCaps, RtrAttr, RtsAttr};
 use crate::completion::WorkCompletion;
 use crate::memory::{Access, Sge};
 use crate::qp::QueuePair;
@@ -65,6 +65,29 @@ pub fn default_rts() -> RtsAttr {
         rnr_retry: 7,
         max_rd_atomic: 4,
     }
+}
+
+/// Default receive attributes towards QP `peer` at the loopback GID, expecting PSN `rq_psn`
+/// first: MTU 1024, 4 READ/atomic resources for the peer, the shortest RNR NAK timer.
+pub fn default_rtr(peer: u32, rq_psn: Psn) -> RtrAttr {
+    RtrAttr {
+        path_mtu: PathMtu::Mtu1024,
+        dest_qpn: peer,
+        dest_gid: std::net::Ipv6Addr::LOCALHOST,
+        rq_psn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+    }
+}
+
+/// A new QP `qpn` in protection domain 1, taken through INIT and `rtr` to RTS with `rts`.
+pub fn connected_qp(qpn: u32, caps: QpCaps, rtr: &RtrAttr, rts: &RtsAttr) -> QueuePair {
+    let mut qp = QueuePair::new(qpn, 1, caps);
+    qp.modify_to_init(&InitAttr::default())
+        .expect("RESET->INIT");
+    qp.modify_to_rtr(rtr).expect("INIT->RTR");
+    qp.modify_to_rts(rts).expect("RTR->RTS");
+    qp
 }
 
 impl Pair {

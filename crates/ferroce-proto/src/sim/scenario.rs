@@ -22,11 +22,11 @@ use std::collections::BTreeMap;
 use ferroce_wire::Psn;
 
 use super::{NetConfig, NetStats, Rng, Sim};
-use crate::attr::{InitAttr, PathMtu, QpCaps, RtrAttr, RtsAttr};
+use crate::attr::{PathMtu, QpCaps, RtrAttr, RtsAttr};
 use crate::completion::{WcOpcode, WcStatus};
 use crate::counters::Counters;
 use crate::memory::{Access, Sge};
-use crate::qp::{QpState, QueuePair};
+use crate::qp::QpState;
 use crate::time::Instant;
 use crate::wr::{RecvWr, SendOp, SendWr};
 
@@ -128,28 +128,18 @@ pub fn connect_pair(
         (a, qpn_a, qpn_b, gid_b, psn_b, psn_a),
         (b, qpn_b, qpn_a, gid_a, psn_a, psn_b),
     ] {
-        let mut qp = QueuePair::new(
-            qpn,
-            1,
-            QpCaps {
-                max_send_wr: 4096,
-                max_recv_wr: 4096,
-                ..QpCaps::default()
-            },
-        );
-        qp.modify_to_init(&InitAttr::default())
-            .expect("RESET->INIT");
-        qp.modify_to_rtr(&RtrAttr {
+        let caps = QpCaps {
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            ..QpCaps::default()
+        };
+        let rtr = RtrAttr {
             path_mtu: mtu,
-            dest_qpn: peer,
             dest_gid: gid,
-            rq_psn,
             max_dest_rd_atomic: 16,
-            min_rnr_timer: 1,
-        })
-        .expect("INIT->RTR");
-        qp.modify_to_rts(&RtsAttr { sq_psn, ..rts })
-            .expect("RTR->RTS");
+            ..super::pair::default_rtr(peer, rq_psn)
+        };
+        let qp = super::pair::connected_qp(qpn, caps, &rtr, &RtsAttr { sq_psn, ..rts });
         sim.nodes[node].qps.insert(qpn, qp);
     }
     (qpn_a, qpn_b)
