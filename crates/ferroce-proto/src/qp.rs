@@ -371,33 +371,17 @@ impl QueuePair {
     /// except the queue's capacity.
     #[inline]
     pub fn check_send(&self, wr: &SendWr) -> Result<(), PostError> {
-        match self.state {
-            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error => {}
-            s => return Err(PostError::InvalidState(s)),
-        }
-        if wr.sgl.len() > self.caps.max_send_sge as usize {
-            return Err(PostError::TooManySge {
-                given: wr.sgl.len(),
-                max: self.caps.max_send_sge,
-            });
-        }
-        if let Some(d) = &wr.inline_data {
-            let allowed =
-                !wr.op.is_read_or_atomic() && d.len() <= self.caps.max_inline_data as usize;
-            if !allowed {
-                return Err(PostError::InlineNotAllowed {
-                    given: d.len(),
-                    max: self.caps.max_inline_data,
-                });
-            }
-        }
-        if wr.op.is_atomic() && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) {
-            return Err(PostError::BadAtomicBuffer);
-        }
-        if wr.data_len() > MAX_MESSAGE_LEN {
-            return Err(PostError::MessageTooLong(wr.data_len()));
-        }
-        Ok(())
+        check_send_request(self.state, &self.caps, wr)
+    }
+
+    /// The capacities the QP was created with (they never change).
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Whether completions are waiting for [`Self::poll_completion`].
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
     }
 
     /// Posts a receive work request. In ERR it completes at once with the flush status.
@@ -565,6 +549,38 @@ impl QueuePair {
     pub fn ack_timeout(&self) -> Option<core::time::Duration> {
         ack_timeout(self.params.timeout)
     }
+}
+
+/// Whether `wr` could be posted to a QP in `state` created with `caps` (what
+/// [`QueuePair::check_send`] checks, for a caller that knows both without holding the QP).
+#[inline]
+pub fn check_send_request(state: QpState, caps: &QpCaps, wr: &SendWr) -> Result<(), PostError> {
+    match state {
+        QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error => {}
+        s => return Err(PostError::InvalidState(s)),
+    }
+    if wr.sgl.len() > caps.max_send_sge as usize {
+        return Err(PostError::TooManySge {
+            given: wr.sgl.len(),
+            max: caps.max_send_sge,
+        });
+    }
+    if let Some(d) = &wr.inline_data {
+        let allowed = !wr.op.is_read_or_atomic() && d.len() <= caps.max_inline_data as usize;
+        if !allowed {
+            return Err(PostError::InlineNotAllowed {
+                given: d.len(),
+                max: caps.max_inline_data,
+            });
+        }
+    }
+    if wr.op.is_atomic() && (wr.sgl.len() != 1 || wr.sgl[0].length != 8) {
+        return Err(PostError::BadAtomicBuffer);
+    }
+    if wr.data_len() > MAX_MESSAGE_LEN {
+        return Err(PostError::MessageTooLong(wr.data_len()));
+    }
+    Ok(())
 }
 
 /// Room for the largest header stack a QP emits (BTH + RETH + ImmDt, or BTH + AtomicETH) and

@@ -131,7 +131,11 @@ impl SendWr {
     pub fn data_len(&self) -> u64 {
         match &self.inline_data {
             Some(d) => d.len() as u64,
-            None => self.sgl.iter().map(|s| u64::from(s.length)).sum(),
+            // One buffer is the common case, and worth no loop.
+            None => match self.sgl.as_slice() {
+                [one] => u64::from(one.length),
+                sgl => sgl.iter().map(|s| u64::from(s.length)).sum(),
+            },
         }
     }
 }

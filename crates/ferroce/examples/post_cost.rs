@@ -68,16 +68,27 @@ fn main() {
         let _ = acq.poll_one();
     }
     std::thread::sleep(std::time::Duration::from_millis(100));
-    let n = 2_000_000;
+    // N=... sets the posts per figure (callgrind runs take fewer).
+    let n: u64 = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000_000);
+    let mut sender = a.sender();
     for _ in 0..3 {
         let t = Instant::now();
         for _ in 0..n {
             a.post_send(&wr).unwrap();
         }
+        let through_qp = t.elapsed().as_nanos() as f64 / n as f64;
+        let t = Instant::now();
+        for _ in 0..n {
+            sender.post_send(&wr).unwrap();
+        }
+        let through_sender = t.elapsed().as_nanos() as f64 / n as f64;
         println!(
-            "post_send 8 B WRITE (provider {:?}): {:.1} ns",
+            "post_send 8 B WRITE (provider {:?}): QueuePair {through_qp:.1} ns, QpSender \
+             {through_sender:.1} ns",
             a.provider(),
-            t.elapsed().as_nanos() as f64 / n as f64
         );
     }
     let mut byte = [0u8];

@@ -222,8 +222,13 @@ impl ContextShared {
             return false;
         };
         let ev = host.poll(now.as_nanos(), force, &|qpn| self.qp(qpn));
-        for qpn in &ev.peers_gone {
-            if let Some(qp) = self.qp(*qpn) {
+        for &(qpn, page) in &ev.peers_gone {
+            // The hello connection of a link since replaced (the QP was reset, and maybe
+            // connected anew) says nothing about the QP now.
+            if let Some(qp) = self
+                .qp(qpn)
+                .filter(|q| q.shm.as_ref().is_some_and(|s| s.linked_to(page)))
+            {
                 crate::engine::peer_gone(&qp);
             }
         }
@@ -563,7 +568,7 @@ impl ProtectionDomain {
             .port();
         let qp = Arc::new(QpShared {
             qpn,
-            qp: crate::spin::SpinLock::new(crate::qp::QpCore::new(ferroce_proto::QueuePair::new(
+            qp: crate::qp::CoreLock::new(crate::qp::QpCore::new(ferroce_proto::QueuePair::new(
                 qpn, self.id, caps,
             ))),
             send_cq: attr.send_cq.inner.clone(),

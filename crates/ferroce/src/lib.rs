@@ -64,7 +64,7 @@ pub use cq::{empty_wc, CompletionChannel, CompletionQueue};
 pub use device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
 pub use error::{Error, Result};
 pub use mr::MemoryRegion;
-pub use qp::{ConnectOptions, QpInitAttr, QueuePair, SendRequest, SharedReceiveQueue};
+pub use qp::{ConnectOptions, QpInitAttr, QpSender, QueuePair, SendRequest, SharedReceiveQueue};
 pub use shm::Provider;
 
 pub use ferroce_proto::{

@@ -29,7 +29,7 @@
 //! Dropping a [`MemoryRegion`] removes its key at once, so no new access can find it.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ferroce_proto::memory::{Access, AtomicOp, KeyKind, Memory, MemoryError};
@@ -98,10 +98,6 @@ impl MrInner {
         }
     }
 
-    /// Runs `f` on a pointer to `offset..offset + len` of the region, unless the range is
-    /// outside or the region revoked; caller memory is held under its lock meanwhile (shared for
-    /// reading, exclusive for writing). `f` must stay inside those `len` bytes and must not keep
-    /// the pointer.
     /// Where byte `offset` of a region ferroce allocated lives, while it is registered: such a
     /// region stays mapped as long as `self` lives and needs no lock to be touched (caller
     /// memory does, so it gets `None`, as does a deregistered region). The caller checked
@@ -115,6 +111,21 @@ impl MrInner {
         Some(self.ptr.as_ptr().wrapping_add(offset))
     }
 
+    /// Where `offset..offset + len` of a region ferroce allocated starts, for an access through
+    /// its [`MemoryRegion`] handle: `None` for caller memory (whose accesses take its lock) and
+    /// for a range outside the region. While the handle lives the region is registered (only
+    /// dropping the handle revokes it), so such an access needs neither the flag nor a lock.
+    #[inline]
+    fn handle_ptr(&self, offset: usize, len: usize) -> Option<*mut u8> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= self.len);
+        (inside && matches!(self.backing, Backing::Shared(_)))
+            .then(|| self.ptr.as_ptr().wrapping_add(offset))
+    }
+
+    /// Runs `f` on a pointer to `offset..offset + len` of the region, unless the range is
+    /// outside or the region revoked; caller memory is held under its lock meanwhile (shared for
+    /// reading, exclusive for writing). `f` must stay inside those `len` bytes and must not keep
+    /// the pointer.
     pub(crate) fn with_range<R>(
         &self,
         offset: usize,
@@ -574,13 +585,41 @@ impl MemoryRegion {
     }
 
     /// Copies bytes out of the region.
+    ///
+    /// Every call reads memory afresh, so polling a flag byte a peer sets with an RDMA WRITE is
+    /// a loop of `read`s (the way perftest's latency tests wait). On a region ferroce allocated
+    /// a small read is a bounds check and a load, inlined into the caller.
+    #[inline]
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.inner.copy_out(offset, out)
+        match self.inner.handle_ptr(offset, out.len()) {
+            Some(src) => {
+                // A peer or the engine may change the bytes between two calls: no load here may
+                // be merged with an earlier one or hoisted out of the caller's loop.
+                compiler_fence(Ordering::Acquire);
+                // SAFETY: `handle_ptr` checked the range lies in the region, which stays mapped
+                // and registered while `self` lives; `out` is a distinct buffer of that length.
+                unsafe { copy_bytes(src, out.as_mut_ptr(), out.len()) };
+                Ok(())
+            }
+            None => self.inner.copy_out(offset, out),
+        }
     }
 
-    /// Copies bytes into the region.
+    /// Copies bytes into the region (on a region ferroce allocated, a small write is a bounds
+    /// check and a store, inlined into the caller).
+    #[inline]
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.inner.copy_in(offset, data)
+        match self.inner.handle_ptr(offset, data.len()) {
+            Some(dst) => {
+                // SAFETY: as in `read`, in the other direction.
+                unsafe { copy_bytes(data.as_ptr(), dst, data.len()) };
+                // The store must happen here, where the caller put it (before a post that
+                // sends these bytes, say), not be merged with a later one.
+                compiler_fence(Ordering::Release);
+                Ok(())
+            }
+            None => self.inner.copy_in(offset, data),
+        }
     }
 
     /// Sets `len` bytes from `offset` to `byte`.
@@ -596,6 +635,7 @@ impl MemoryRegion {
     }
 
     /// The native-endian 64-bit word at `offset` (where atomics land).
+    #[inline]
     pub fn read_u64(&self, offset: usize) -> Result<u64> {
         let mut b = [0u8; 8];
         self.read(offset, &mut b)?;
@@ -603,6 +643,7 @@ impl MemoryRegion {
     }
 
     /// Stores a native-endian 64-bit word at `offset`.
+    #[inline]
     pub fn write_u64(&self, offset: usize, v: u64) -> Result<()> {
         self.write(offset, &v.to_ne_bytes())
     }

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferroce_proto::{InitAttr, PostError, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
@@ -135,12 +136,82 @@ impl std::ops::DerefMut for QpCore {
     }
 }
 
+/// The lock around a QP's [`QpCore`]. Whoever lets go of it also publishes whether the QP is
+/// *idle* — in RTS, with no send request under way and no completion waiting — which is when a
+/// [`QpSender`] may do a one-sided operation in a same-host peer's memory without taking it.
+#[derive(Debug)]
+pub(crate) struct CoreLock {
+    lock: crate::spin::SpinLock<QpCore>,
+    idle: AtomicBool,
+}
+
+impl CoreLock {
+    pub(crate) fn new(core: QpCore) -> CoreLock {
+        CoreLock {
+            lock: crate::spin::SpinLock::new(core),
+            idle: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes the lock.
+    #[inline]
+    pub(crate) fn lock(&self) -> CoreGuard<'_> {
+        CoreGuard {
+            guard: self.lock.lock(),
+            idle: &self.idle,
+        }
+    }
+
+    /// Whether the QP was idle when its lock was last let go (see the type's doc). Every change
+    /// of state, send queue or completions happens under the lock, and is published before the
+    /// lock is free again, so a thread that reads `true` here after its own last post is
+    /// ordered after everything that post queued.
+    #[inline]
+    pub(crate) fn idle(&self) -> bool {
+        self.idle.load(Ordering::Acquire)
+    }
+}
+
+/// Access to a QP's [`QpCore`]; dropping it publishes whether the QP is idle, then lets go.
+pub(crate) struct CoreGuard<'a> {
+    guard: crate::spin::SpinGuard<'a, QpCore>,
+    idle: &'a AtomicBool,
+}
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = QpCore;
+    #[inline]
+    fn deref(&self) -> &QpCore {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut QpCore {
+        &mut self.guard
+    }
+}
+
+impl Drop for CoreGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let q = &self.guard.proto;
+        let idle = q.state() == QpState::Rts && q.is_send_queue_empty() && !q.has_completions();
+        // Written only when it changes: a sender on another core reads it on every post.
+        if self.idle.load(Ordering::Relaxed) != idle {
+            self.idle.store(idle, Ordering::Release);
+        }
+        // `guard` drops after this, releasing the lock.
+    }
+}
+
 /// What the engine shares with a QP handle. What the engine needs of a QP on every packet
 /// lives in its [`QpCore`], under the one lock: a packet in or out takes that lock once.
 #[derive(Debug)]
 pub(crate) struct QpShared {
     pub qpn: u32,
-    pub qp: crate::spin::SpinLock<QpCore>,
+    pub qp: CoreLock,
     pub send_cq: Arc<CqInner>,
     pub recv_cq: Arc<CqInner>,
     pub srq: Option<Arc<SrqInner>>,
@@ -194,6 +265,74 @@ impl<'a> SendRequest<'a> for SendWr {
 impl<'a> SendRequest<'a> for &'a SendWr {
     fn into_request(self) -> Cow<'a, SendWr> {
         Cow::Borrowed(self)
+    }
+}
+
+/// Posts send requests to one [`QueuePair`] from one thread at a time: what rdma-core's thread
+/// domains promise a provider, here kept by the borrow checker (posting takes `&mut self`).
+///
+/// A post through it behaves exactly as [`QueuePair::post_send`]: same checks, same statuses,
+/// completions in posting order. The difference is the shared-memory fast path: a WRITE, READ
+/// or atomic to a same-host peer on an idle QP (in RTS, nothing under way, no completion
+/// waiting) is done without taking the QP's lock, because the sender keeps its own way into
+/// the peer's memory (its own mappings and cached checks) instead of the one the QP keeps
+/// under its lock. That lock's one locked instruction is a sizeable part of an 8-byte WRITE
+/// between two processes. Anything else is posted through the QP as usual.
+///
+/// Several senders may exist for one QP (one per thread, say), beside posts through the QP
+/// itself; what is posted concurrently from different threads is ordered as it happens to be,
+/// as on any QP. Mappings a sender made live until it is dropped or the QP links anew.
+#[derive(Debug)]
+pub struct QpSender<'a> {
+    qp: &'a QueuePair,
+    /// The QP's capacities and protection domain, fixed at its creation.
+    caps: QpCaps,
+    pd: u32,
+    /// This sender's way into the peer's memory, made from the link the QP has.
+    peer: Option<crate::shm::PeerMemory>,
+}
+
+impl QpSender<'_> {
+    /// The queue pair this sender posts to.
+    pub fn qp(&self) -> &QueuePair {
+        self.qp
+    }
+
+    /// Posts a send work request (`wr` or `&wr`), as [`QueuePair::post_send`] does.
+    #[inline]
+    pub fn post_send<'a>(&mut self, wr: impl SendRequest<'a>) -> Result<()> {
+        let wr = wr.into_request();
+        match self.one_sided(&wr) {
+            Some(opcode) => {
+                if wr.flags.signaled {
+                    let wc = crate::shm::direct::completion(&wr, opcode, self.qp.shared.qpn);
+                    self.qp.shared.send_cq.push(&[wc]);
+                }
+                Ok(())
+            }
+            None => self.qp.post_request(wr),
+        }
+    }
+
+    /// Does `wr` in the peer's memory if the QP is linked over shared memory and idle and every
+    /// check admits it; `None` (having touched nothing) otherwise.
+    #[inline]
+    fn one_sided(&mut self, wr: &SendWr) -> Option<ferroce_proto::WcOpcode> {
+        let shared = &self.qp.shared;
+        let shm = shared.shm_linked()?;
+        if !shared.qp.idle() {
+            return None;
+        }
+        let generation = shm.generation.load(Ordering::Acquire);
+        if self.peer.as_ref().map(|m| m.generation) != Some(generation) {
+            self.peer = match &*shm.lock() {
+                crate::shm::Link::Linked(peer) => Some(peer.memory(generation)),
+                _ => None,
+            };
+        }
+        ferroce_proto::qp::check_send_request(QpState::Rts, &self.caps, wr).ok()?;
+        let peer = self.peer.as_mut()?;
+        crate::shm::direct::one_sided_op(&self.qp.ctx.shared, peer, self.pd, wr)
     }
 }
 
@@ -326,11 +465,26 @@ impl QueuePair {
 
     /// Posts a send work request (`wr` or `&wr`, see [`SendRequest`]) and rings the doorbell.
     pub fn post_send<'a>(&self, wr: impl SendRequest<'a>) -> Result<()> {
-        let r = self.post_one(wr.into_request())?;
-        if r {
+        self.post_request(wr.into_request())
+    }
+
+    fn post_request(&self, wr: Cow<'_, SendWr>) -> Result<()> {
+        if self.post_one(wr)? {
             self.ctx.shared.doorbell(&self.shared);
         }
         Ok(())
+    }
+
+    /// A handle that posts to this QP from one thread at a time (it posts through `&mut`),
+    /// and so may skip the QP's lock: see [`QpSender`].
+    pub fn sender(&self) -> QpSender<'_> {
+        let (caps, pd) = self.with(|q| (q.caps(), q.pd()));
+        QpSender {
+            qp: self,
+            caps,
+            pd,
+            peer: None,
+        }
     }
 
     /// Posts several send work requests with one doorbell; stops at the first refused one.

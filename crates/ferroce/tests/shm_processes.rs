@@ -894,6 +894,147 @@ fn killed_peer_ends_a_stream_of_direct_writes() {
     assert_eq!(status.signal(), Some(libc::SIGKILL));
 }
 
+// ---- QpSender --------------------------------------------------------------------------------
+
+/// Waits until `len` bytes of `mr` at `off` are `want` (an unsignaled request completes nowhere
+/// to be seen; its bytes are the evidence).
+fn wait_bytes(mr: &MemoryRegion, off: usize, want: &[u8]) {
+    let deadline = Instant::now() + T;
+    while mr.to_vec(off, want.len()).unwrap() != want {
+        assert!(
+            Instant::now() < deadline,
+            "the bytes at {off} never arrived"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// A `QpSender` posts what its QP posts: every one-sided operation lands (bytes and atomic
+/// results checked), signaled ones complete in posting order with their fields, an unsignaled
+/// one leaves nothing in the CQ. Over UDP it posts through the QP. After the QP is reset and
+/// connected to another peer, the old peer hanging up leaves the new link alone, and the same
+/// sender reaches the new peer's memory, not the mappings it kept of the old one's (both
+/// regions have the same rkey, so a stale cache would pass the key check).
+#[test]
+fn a_sender_posts_what_its_qp_posts() {
+    for provider in [Provider::Shm, Provider::Udp] {
+        let (a, b) = (side(provider), side(provider));
+        let (qa, qb) = fresh_pair(&a, &b, Access::ALL);
+        let local = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let remote = b.pd.alloc_mr(4096, Access::ALL).unwrap();
+        let (written, to_read) = (pattern(3, 256), pattern(4, 256));
+        local.write(0, &written).unwrap();
+        remote.write(2048, &to_read).unwrap();
+        remote.write_u64(1024, 40).unwrap();
+        let at = |off: u64| remote.addr() + off;
+        let mut tx = qa.sender();
+        assert_eq!(tx.qp().qpn(), qa.qpn());
+
+        let unsignaled = SendWr::new(1, SendOp::Write, vec![local.sge(0, 256).unwrap()])
+            .remote(at(0), remote.rkey())
+            .flags(ferroce::SendFlags::default());
+        tx.post_send(&unsignaled).unwrap();
+        wait_bytes(&remote, 0, &written);
+        tx.post_send(
+            SendWr::new(2, SendOp::Write, vec![local.sge(0, 64).unwrap()])
+                .remote(at(512), remote.rkey()),
+        )
+        .unwrap();
+        let wc = expect_success(&a.cq, &qa, 2, WcOpcode::RdmaWrite);
+        assert_eq!(wc.byte_len, 64, "{provider}");
+        assert_eq!(remote.to_vec(512, 64).unwrap(), written[..64], "{provider}");
+        tx.post_send(
+            SendWr::new(3, SendOp::Read, vec![local.sge(1024, 256).unwrap()])
+                .remote(at(2048), remote.rkey()),
+        )
+        .unwrap();
+        let wc = expect_success(&a.cq, &qa, 3, WcOpcode::RdmaRead);
+        assert_eq!(wc.byte_len, 256, "{provider}");
+        assert_eq!(local.to_vec(1024, 256).unwrap(), to_read, "{provider}");
+        tx.post_send(
+            SendWr::new(
+                4,
+                SendOp::FetchAdd { add: 2 },
+                vec![local.sge(3000, 8).unwrap()],
+            )
+            .remote(at(1024), remote.rkey()),
+        )
+        .unwrap();
+        expect_success(&a.cq, &qa, 4, WcOpcode::FetchAdd);
+        let swap = SendOp::CompareSwap {
+            compare: 42,
+            swap: 7,
+        };
+        tx.post_send(
+            SendWr::new(5, swap, vec![local.sge(3008, 8).unwrap()]).remote(at(1024), remote.rkey()),
+        )
+        .unwrap();
+        expect_success(&a.cq, &qa, 5, WcOpcode::CompareSwap);
+        assert_eq!(
+            (local.read_u64(3000).unwrap(), local.read_u64(3008).unwrap()),
+            (40, 42),
+            "{provider}: the originals FETCH_ADD and COMPARE_SWAP returned"
+        );
+        assert_eq!(remote.read_u64(1024).unwrap(), 7, "{provider}");
+        assert!(
+            a.cq.poll_one().unwrap().is_none(),
+            "{provider}: a stray completion"
+        );
+        if provider != Provider::Shm {
+            continue;
+        }
+
+        // Reset, then connect to a peer in a third context.
+        qa.reset();
+        let c = side(provider);
+        let qc = new_qp(&c.pd, &c.cq);
+        let other = c.pd.alloc_mr(4096, Access::ALL).unwrap();
+        assert_eq!(
+            other.rkey(),
+            remote.rkey(),
+            "setup: the new peer's region should have the old one's key"
+        );
+        let la = qa.endpoint_info(psn_of(qa.qpn()), None);
+        let lc = qc.endpoint_info(psn_of(qc.qpn()), None);
+        qc.connect(&lc, &la, &options()).unwrap();
+        qa.connect(&la, &lc, &options()).unwrap();
+        assert_eq!(qa.provider(), Provider::Shm);
+        // The old peer sees the reset as its peer going away and hangs up its own hello
+        // connection: that says nothing about the QP's new link, which must stay up.
+        let deadline = Instant::now() + T;
+        while qb.state() != QpState::Error {
+            assert!(
+                Instant::now() < deadline,
+                "the old peer never noticed the reset"
+            );
+            b.ctx.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for _ in 0..50 {
+            a.ctx.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            qa.state(),
+            QpState::Rts,
+            "the old peer's hang-up broke the new link"
+        );
+        let before = remote.to_vec(0, 4096).unwrap();
+        tx.post_send(
+            SendWr::new(6, SendOp::Write, vec![local.sge(0, 256).unwrap()])
+                .remote(other.addr(), other.rkey()),
+        )
+        .unwrap();
+        expect_success(&a.cq, &qa, 6, WcOpcode::RdmaWrite);
+        assert_eq!(other.to_vec(0, 256).unwrap(), written);
+        assert_eq!(
+            remote.to_vec(0, 4096).unwrap(),
+            before,
+            "the sender wrote into the old peer's memory"
+        );
+    }
+}
+
 // ---- refused requests ------------------------------------------------------------------------
 
 /// A refused request and what to check it did not touch.
@@ -957,10 +1098,19 @@ fn fresh_pair(a: &Side, b: &Side, access: Access) -> (QueuePair, QueuePair) {
 
 const RLEN: usize = 3 * 4096;
 
+/// How a test posts its send requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Poster {
+    /// `QueuePair::post_send`.
+    Qp,
+    /// A `QpSender` of the QP (the shared-memory fast path without the QP's lock).
+    Sender,
+}
+
 /// Runs `v` on a fresh QP pair from `a` to `b`, after a successful WRITE on the same QP that
 /// proves the pair works; checks the target's bytes and the initiator's result buffer did not
-/// change.
-fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
+/// change. Every request is posted the way `poster` says.
+fn violate(a: &Side, b: &Side, v: Violation, poster: Poster) -> Outcome {
     let provider = a.ctx.provider();
     let all = Access::ALL;
     let qp_access = match v {
@@ -969,6 +1119,11 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
     };
     let (qa, qb) = fresh_pair(a, b, qp_access);
     assert_eq!((qa.provider(), qb.provider()), (provider, provider));
+    let mut sender = qa.sender();
+    let mut post = |wr: SendWr| match poster {
+        Poster::Qp => qa.post_send(wr),
+        Poster::Sender => sender.post_send(wr),
+    };
     let other_pd = b.ctx.alloc_pd().unwrap();
     let rights = match v {
         Violation::NoRemoteWrite => Access::LOCAL_WRITE
@@ -989,7 +1144,7 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
     let mut stale = None;
     if v == Violation::StaleKey {
         let old = b.pd.alloc_mr(RLEN, all).unwrap();
-        qa.post_send(
+        post(
             SendWr::new(0, SendOp::Write, vec![local.sge(0, 64).unwrap()])
                 .remote(old.addr() + 4096, old.rkey()),
         )
@@ -1006,7 +1161,7 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
     let canary = pattern(0xca4a, RLEN);
     target.write(0, &canary).unwrap();
 
-    qa.post_send(
+    post(
         SendWr::new(1, SendOp::Write, vec![local.sge(0, 64).unwrap()])
             .remote(control.addr(), control.rkey()),
     )
@@ -1052,7 +1207,7 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
             SendWr::new(2, SendOp::Read, vec![local.sge(0, 64).unwrap()]).remote(mid, target.rkey())
         }
     };
-    qa.post_send(wr).unwrap();
+    post(wr).unwrap();
     let wcs = a.cq.wait(1, T).unwrap();
     assert_eq!(wcs.len(), 1, "{provider}: {v:?} never completed");
     let wc = wcs[0];
@@ -1103,16 +1258,22 @@ fn violate(a: &Side, b: &Side, v: Violation) -> Outcome {
     outcome
 }
 
-/// Every refused request gets the same status over shared memory as over UDP.
+/// Every refused request gets the same status over shared memory as over UDP, posted through
+/// the QP or through a `QpSender` (whose fast path checks the same things without the lock).
 #[test]
 fn refused_requests_fail_alike_over_shm_and_udp() {
     let udp = (side(Provider::Udp), side(Provider::Udp));
     let shm = (side(Provider::Shm), side(Provider::Shm));
     let mut report = Vec::new();
     for v in VIOLATIONS {
-        let over_udp = violate(&udp.0, &udp.1, v);
-        let over_shm = violate(&shm.0, &shm.1, v);
+        let over_udp = violate(&udp.0, &udp.1, v, Poster::Qp);
+        let over_shm = violate(&shm.0, &shm.1, v, Poster::Qp);
         assert_eq!(over_shm, over_udp, "{v:?}: shm differs from udp");
+        let through_sender = violate(&shm.0, &shm.1, v, Poster::Sender);
+        assert_eq!(
+            through_sender, over_udp,
+            "{v:?}: shm through a QpSender differs from udp"
+        );
         report.push(format!("{v:?}: {over_udp:?}"));
     }
     println!("{}", report.join("; "));
@@ -1126,6 +1287,17 @@ fn refused_requests_fail_alike_over_shm_and_udp() {
 /// one thread posts as fast as the queue takes them, another polls.
 #[test]
 fn completions_keep_posting_order_when_direct_and_packet_operations_mix() {
+    posting_order_holds(Poster::Qp);
+}
+
+/// The same through a `QpSender`: its lock-free fast path may only run while the QP it reads as
+/// idle (nothing under way, no completion waiting) is published so by every lock holder.
+#[test]
+fn completions_keep_posting_order_through_a_sender() {
+    posting_order_holds(Poster::Sender);
+}
+
+fn posting_order_holds(poster: Poster) {
     const OPS: u64 = 20_000;
     let (a, b) = (side(Provider::Shm), side(Provider::Shm));
     let cq = a.ctx.create_cq(1 << 17, None).unwrap();
@@ -1163,6 +1335,7 @@ fn completions_keep_posting_order_when_direct_and_packet_operations_mix() {
             assert_eq!(next, OPS, "completions missing");
             inversions
         });
+        let mut sender = qa.sender();
         for i in 0..OPS {
             let (addr, rkey) = if i % 2 == 0 {
                 (raw.addr(), raw.rkey())
@@ -1170,7 +1343,12 @@ fn completions_keep_posting_order_when_direct_and_packet_operations_mix() {
                 (direct.addr(), direct.rkey())
             };
             loop {
-                match qa.post_send(SendWr::new(i, SendOp::Write, vec![sge]).remote(addr, rkey)) {
+                let wr = SendWr::new(i, SendOp::Write, vec![sge]).remote(addr, rkey);
+                let posted = match poster {
+                    Poster::Qp => qa.post_send(wr),
+                    Poster::Sender => sender.post_send(wr),
+                };
+                match posted {
                     Ok(()) => break,
                     Err(ferroce::Error::Post(ferroce::PostError::QueueFull(_))) => {
                         std::hint::spin_loop()

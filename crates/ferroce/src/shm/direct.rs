@@ -122,6 +122,34 @@ pub(crate) fn execute(
     if q.state() != QpState::Rts || !q.is_send_queue_empty() || q.check_send(wr).is_err() {
         return None;
     }
+    let opcode = one_sided_op(shared, peer_memory.as_mut()?, q.pd(), wr)?;
+    Some(completion(wr, opcode, q.qpn()))
+}
+
+/// The successful completion of `wr`, done at once on QP `qpn`.
+pub(crate) fn completion(wr: &SendWr, opcode: WcOpcode, qpn: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: wr.wr_id,
+        status: WcStatus::Success,
+        opcode,
+        byte_len: u32::try_from(wr.data_len()).unwrap_or(u32::MAX),
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: qpn,
+        solicited: false,
+    }
+}
+
+/// Does `wr`, a request a QP in RTS with an empty send queue admitted, in the peer's memory
+/// through `peer` if it is a WRITE, READ or atomic that every check on the memory admits;
+/// returns its completion's opcode. `pd` is the posting QP's protection domain.
+#[inline]
+pub(crate) fn one_sided_op(
+    shared: &ContextShared,
+    peer: &mut PeerMemory,
+    pd: u32,
+    wr: &SendWr,
+) -> Option<WcOpcode> {
     let (need, opcode) = match wr.op {
         SendOp::Write => (Access::REMOTE_WRITE, WcOpcode::RdmaWrite),
         SendOp::Read => (Access::REMOTE_READ, WcOpcode::RdmaRead),
@@ -129,27 +157,15 @@ pub(crate) fn execute(
         SendOp::FetchAdd { .. } => (Access::REMOTE_ATOMIC, WcOpcode::FetchAdd),
         _ => return None,
     };
-    let peer = peer_memory.as_mut()?;
-    let pd = q.pd();
-    let len: u64 = wr.data_len();
     if repeated_one_sided(shared, peer, pd, wr).is_none() {
         // Taken out of the link for the call, so the remote mapping `resolve` lends can live
         // beside it; put back whatever happens.
         let mut cache = peer.last_local.take();
-        let done = one_sided(shared, peer, &mut cache, pd, wr, len, need);
+        let done = one_sided(shared, peer, &mut cache, pd, wr, wr.data_len(), need);
         peer.last_local = cache;
         done?;
     }
-    Some(WorkCompletion {
-        wr_id: wr.wr_id,
-        status: WcStatus::Success,
-        opcode,
-        byte_len: u32::try_from(len).unwrap_or(u32::MAX),
-        imm_data: None,
-        invalidated_rkey: None,
-        qp_num: q.qpn(),
-        solicited: false,
-    })
+    Some(opcode)
 }
 
 /// The common case of [`one_sided`] in straight-line code: a WRITE or READ of one buffer in the

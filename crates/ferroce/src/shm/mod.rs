@@ -187,6 +187,20 @@ pub(crate) struct PublishedRegion {
     pub inode: u64,
 }
 
+impl PublishedRegion {
+    /// The offset of `addr..addr + len` in the region, if an access through a peer QP in
+    /// protection domain `pd` that needs `need` may touch it (and the region's bytes are in a
+    /// memfd a peer can map).
+    #[inline]
+    fn admit(&self, pd: u32, need: Access, addr: u64, len: u64) -> Option<usize> {
+        if self.pd != pd || !self.access.contains(need) || self.fd < 0 {
+            return None;
+        }
+        let off = addr.checked_sub(self.addr)?;
+        (off.checked_add(len)? <= self.len).then_some(off as usize)
+    }
+}
+
 /// A key table (this context's, or a peer's mapped).
 #[derive(Debug)]
 pub(crate) struct KeyTable {
@@ -358,6 +372,7 @@ impl QpPage {
             .store(state_code(state), Ordering::Release);
     }
 
+    #[inline]
     fn serves(&self, need: Access) -> Option<u32> {
         let state = self.map.u32_at(P_STATE).load(Ordering::Acquire);
         let access = Access::from_bits(self.map.u32_at(P_ACCESS).load(Ordering::Acquire));
@@ -385,10 +400,10 @@ pub(crate) struct PeerLink {
     page: Arc<QpPage>,
 }
 
-/// A linked QP's way into its peer's memory, for one-sided operations done in `post_send`. It
-/// lives under the QP's own lock (beside the transport's QP, see `qp::QpCore`), so such a post
-/// takes that one lock and nothing else; it is made from the [`PeerLink`] and remade when the
-/// link's generation moves on.
+/// A linked QP's way into its peer's memory, for one-sided operations done in `post_send`. A QP
+/// keeps one under its own lock (beside the transport's QP, see `qp::QpCore`), so such a post
+/// takes that one lock and nothing else, and each `QpSender` keeps one of its own, used without
+/// any lock. It is made from the [`PeerLink`] and remade when the link's generation moves on.
 #[derive(Debug)]
 pub(crate) struct PeerMemory {
     /// The `ShmQp::generation` of the link it was made from.
@@ -443,6 +458,13 @@ impl ShmQp {
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Link> {
         self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Whether this QP is linked to the peer QP whose page has inode `page` (each QP's page is
+    /// a memfd of its own, so the inode names one peer QP, whatever its number: a QP reset and
+    /// connected again may well reach a peer with its old peer's number).
+    pub(crate) fn linked_to(&self, page: u64) -> bool {
+        matches!(&*self.lock(), Link::Linked(p) if p.page.map.inode() == page)
+    }
 }
 
 /// A hello that arrived before its QP reached RTR.
@@ -458,15 +480,16 @@ struct Offer {
 #[derive(Debug)]
 struct Incoming {
     fd: OwnedFd,
-    /// (our QP, the peer's QP) once its hello arrived.
-    pair: Option<(u32, u32)>,
+    /// Our QP and the inode of the peer's QP page, once its hello arrived.
+    hello: Option<(u32, u64)>,
 }
 
 /// What happened on the listener that the context must act on.
 #[derive(Debug, Default)]
 pub(crate) struct HostEvents {
-    /// Our QPs whose peer hung up (to move to ERR).
-    pub peers_gone: Vec<u32>,
+    /// Our QPs whose peer hung up, each with the inode of the peer QP page its hello carried:
+    /// the QP goes to ERR only if it is still linked to that page (see [`ShmQp::linked_to`]).
+    pub peers_gone: Vec<(u32, u64)>,
     /// Whether anything arrived at all.
     pub did: bool,
 }
@@ -731,7 +754,7 @@ impl ShmHost {
             inc.push(Incoming {
                 // SAFETY: a fresh descriptor from accept4.
                 fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                pair: None,
+                hello: None,
             });
         }
         let mut i = 0;
@@ -747,9 +770,9 @@ impl ShmHost {
                     }
                     Ok(Some((n, fds))) => {
                         ev.did = true;
-                        if inc[i].pair.is_none() {
+                        if inc[i].hello.is_none() {
                             match self.take_hello(&buf[..n], fds, find) {
-                                Some(pair) => inc[i].pair = Some(pair),
+                                Some(hello) => inc[i].hello = Some(hello),
                                 None => {
                                     closed = true;
                                     break;
@@ -762,8 +785,13 @@ impl ShmHost {
             }
             if closed {
                 let gone = inc.swap_remove(i);
-                if let Some((ours, _)) = gone.pair {
-                    ev.peers_gone.push(ours);
+                if let Some((ours, page)) = gone.hello {
+                    // A hello parked for a QP that never linked to it is of no use now.
+                    let mut offers = self.offers.lock().unwrap_or_else(|e| e.into_inner());
+                    if offers.get(&ours).is_some_and(|o| o.page.inode() == page) {
+                        offers.remove(&ours);
+                    }
+                    ev.peers_gone.push((ours, page));
                 }
                 ev.did = true;
             } else {
@@ -773,13 +801,14 @@ impl ShmHost {
         ev
     }
 
-    /// Checks a hello and links (or parks) it; `None` if it is not a valid hello.
+    /// Checks a hello and links (or parks) it; returns the QP it is for and the inode of the
+    /// peer's QP page, `None` if it is not a valid hello.
     fn take_hello(
         &self,
         msg: &[u8],
         fds: Vec<OwnedFd>,
         find: &dyn Fn(u32) -> Option<Arc<crate::qp::QpShared>>,
-    ) -> Option<(u32, u32)> {
+    ) -> Option<(u32, u64)> {
         if msg.len() != HELLO_LEN + 4 || msg[0..4] != HELLO_MAGIC || msg[4] != HELLO_VERSION {
             return None;
         }
@@ -793,6 +822,7 @@ impl ShmHost {
             table: SharedMap::from_fd(table).ok()?,
             page: SharedMap::from_fd(page).ok()?,
         };
+        let page_inode = offer.page.inode();
         let qp = find(ours)?;
         let shm = qp.shm.as_ref()?;
         let mut link = shm.lock();
@@ -808,7 +838,7 @@ impl ShmHost {
                     .insert(ours, offer);
             }
         }
-        Some((ours, peer_qpn))
+        Some((ours, page_inode))
     }
 }
 
@@ -873,6 +903,7 @@ impl PeerMemory {
     /// the QP serves (RTR/RTS/SQD, with the right enabled), the key is current, in the QP's
     /// protection domain, has the rights, and `addr..addr+len` lies inside it. Returns the
     /// region's mapping and the offset of `addr` in it.
+    #[inline]
     pub(crate) fn resolve(
         &mut self,
         rkey: u32,
@@ -883,47 +914,46 @@ impl PeerMemory {
         let pd = self.page.serves(need)?;
         // The common case: the key used last, its slot unchanged since (one load, where a
         // full read of the slot is eight and a check of the number after them).
-        let cached = self
+        let current = self
             .last_region
             .as_ref()
-            .filter(|l| l.region.key == rkey && self.table.seq_at_rest(rkey) == Some(l.seq));
-        let (r, seq) = match cached {
-            Some(l) => (l.region, None),
-            None => {
-                let (r, seq) = self.table.lookup(rkey)?;
-                (r, Some(seq))
-            }
-        };
-        if r.pd != pd || !r.access.contains(need) || r.fd < 0 {
-            return None;
-        }
-        let off = addr.checked_sub(r.addr)?;
-        if off.checked_add(len)? > r.len {
-            return None;
-        }
-        if let Some(seq) = seq {
-            // The slot's inode and length say whether a mapping made earlier is of this region.
-            let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
-            let map = match self.regions.get(&rkey).filter(|m| current(m)) {
-                Some(m) => m.clone(),
-                None => {
-                    let m = Arc::new(
-                        SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?,
-                    );
-                    if self.regions.len() > 4096 {
-                        self.regions.clear();
-                    }
-                    self.regions.insert(rkey, m.clone());
-                    m
-                }
-            };
-            self.last_region = Some(LastRegion {
-                region: r,
-                seq,
-                map,
-            });
+            .is_some_and(|l| l.region.key == rkey && self.table.seq_at_rest(rkey) == Some(l.seq));
+        if !current {
+            self.look_up(rkey)?;
         }
         let l = self.last_region.as_ref()?;
-        Some((&l.map, off as usize))
+        let off = l.region.admit(pd, need, addr, len)?;
+        Some((&l.map, off))
+    }
+
+    /// Reads the slot of `rkey` afresh and makes it the last region, with its mapping (made
+    /// now unless an earlier one is of the same region).
+    #[cold]
+    fn look_up(&mut self, rkey: u32) -> Option<()> {
+        self.last_region = None;
+        let (r, seq) = self.table.lookup(rkey)?;
+        if r.fd < 0 {
+            return None;
+        }
+        // The slot's inode and length say whether a mapping made earlier is of this region.
+        let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
+        let map = match self.regions.get(&rkey).filter(|m| current(m)) {
+            Some(m) => m.clone(),
+            None => {
+                let m =
+                    Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?);
+                if self.regions.len() > 4096 {
+                    self.regions.clear();
+                }
+                self.regions.insert(rkey, m.clone());
+                m
+            }
+        };
+        self.last_region = Some(LastRegion {
+            region: r,
+            seq,
+            map,
+        });
+        Some(())
     }
 }
