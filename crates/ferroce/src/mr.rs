@@ -176,6 +176,11 @@ impl MrInner {
         self.ptr.as_ptr() as u64
     }
 
+    /// The flag deregistration sets (for a cache that keeps a pointer to it).
+    pub(crate) fn revoked_flag(&self) -> &AtomicBool {
+        &self.revoked
+    }
+
     /// The offset of `addr..addr + len` in the region, if a request under `key` in protection
     /// domain `pd` that needs `need` may touch it there (the checks every access path makes).
     pub(crate) fn admit(
@@ -356,6 +361,11 @@ impl MrTable {
         }
         self.removals.fetch_add(1, Ordering::Release);
         slot.mr.take()
+    }
+
+    /// The removal count's word, for a cache that keeps a pointer to it (see `shm::shortcut`).
+    pub(crate) fn removals_word(&self) -> &AtomicU64 {
+        &self.removals
     }
 
     /// The removal count (see the field), to stamp a cached lookup with before making it.

@@ -170,6 +170,11 @@ impl CoreLock {
     pub(crate) fn idle(&self) -> bool {
         self.idle.load(Ordering::Acquire)
     }
+
+    /// The word behind [`Self::idle`] (for a cache that keeps a pointer to it).
+    pub(crate) fn idle_flag(&self) -> &AtomicBool {
+        &self.idle
+    }
 }
 
 /// Access to a QP's [`QpCore`]; dropping it publishes whether the QP is idle, then lets go.
@@ -290,6 +295,12 @@ pub struct QpSender<'a> {
     pd: u32,
     /// This sender's way into the peer's memory, made from the link the QP has.
     peer: Option<crate::shm::PeerMemory>,
+    /// What it checked about the WRITE or READ it repeats (see `shm::shortcut`).
+    shortcut: Option<crate::shm::shortcut::Shortcut>,
+    /// The (lkey, rkey) of the last request done directly without the shortcut: a second one
+    /// between the same regions makes the shortcut (a stream alternating between regions
+    /// would only remake it every time).
+    last_direct: Option<(u32, u32)>,
 }
 
 impl QpSender<'_> {
@@ -302,7 +313,27 @@ impl QpSender<'_> {
     #[inline]
     pub fn post_send<'a>(&mut self, wr: impl SendRequest<'a>) -> Result<()> {
         let wr = wr.into_request();
-        match self.one_sided(&wr) {
+        // The repeated WRITE or READ in straight-line code; everything else out of line, so
+        // that the path from the caller's last instruction to the store into the peer's
+        // memory stays short (on a ping-pong it is the whole turnaround).
+        match self.shortcut.as_ref().and_then(|s| s.run(&wr)) {
+            Some(opcode) if !wr.flags.signaled => {
+                let _ = opcode;
+                Ok(())
+            }
+            done => self.post_rest(wr, done),
+        }
+    }
+
+    /// The rest of [`Self::post_send`]: a signaled request the shortcut did, or one it did
+    /// not do (`done` is `None`).
+    #[inline(never)]
+    fn post_rest(
+        &mut self,
+        wr: Cow<'_, SendWr>,
+        done: Option<ferroce_proto::WcOpcode>,
+    ) -> Result<()> {
+        match done.or_else(|| self.one_sided(&wr)) {
             Some(opcode) => {
                 if wr.flags.signaled {
                     let wc = crate::shm::direct::completion(&wr, opcode, self.qp.shared.qpn);
@@ -332,7 +363,18 @@ impl QpSender<'_> {
         }
         ferroce_proto::qp::check_send_request(QpState::Rts, &self.caps, wr).ok()?;
         let peer = self.peer.as_mut()?;
-        crate::shm::direct::one_sided_op(&self.qp.ctx.shared, peer, self.pd, wr)
+        let ctx = &self.qp.ctx.shared;
+        let opcode = crate::shm::direct::one_sided_op(ctx, peer, self.pd, wr)?;
+        if let [sge] = wr.sgl.as_slice() {
+            let pair = Some((sge.lkey, wr.rkey));
+            if self.last_direct == pair {
+                if let Some(s) = crate::shm::shortcut::Shortcut::capture(ctx, shared, peer, wr) {
+                    self.shortcut = Some(s);
+                }
+            }
+            self.last_direct = pair;
+        }
+        Some(opcode)
     }
 }
 
@@ -484,6 +526,8 @@ impl QueuePair {
             caps,
             pd,
             peer: None,
+            shortcut: None,
+            last_direct: None,
         }
     }
 

@@ -1035,6 +1035,88 @@ fn a_sender_posts_what_its_qp_posts() {
     }
 }
 
+/// What a primed `QpSender` does with a request whose regions changed under it: the same WRITE
+/// three times (the second makes its shortcut), then the change, then the WRITE again. Returns
+/// the last WRITE's status; checks it touched no byte of the target's current region.
+fn after_a_change(change: &str, poster: Poster) -> WcStatus {
+    let (a, b) = (side(Provider::Shm), side(Provider::Shm));
+    let (qa, _qb) = fresh_pair(&a, &b, Access::ALL);
+    let mut local = Some(a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap());
+    let mut remote = Some(b.pd.alloc_mr(4096, Access::ALL).unwrap());
+    let src = local.as_ref().unwrap();
+    src.write(0, &pattern(9, 64)).unwrap();
+    let (lkey, laddr) = (src.lkey(), src.addr());
+    let (rkey, raddr) = (
+        remote.as_ref().unwrap().rkey(),
+        remote.as_ref().unwrap().addr(),
+    );
+    let wr = |id: u64| {
+        SendWr::new(
+            id,
+            SendOp::Write,
+            vec![ferroce::Sge {
+                addr: laddr,
+                length: 64,
+                lkey,
+            }],
+        )
+        .remote(raddr, rkey)
+    };
+    let mut sender = qa.sender();
+    let mut post = |wr: SendWr| match poster {
+        Poster::Qp => qa.post_send(wr),
+        Poster::Sender => sender.post_send(wr),
+    };
+    for id in 0..3 {
+        post(wr(id)).unwrap();
+        expect_success(&a.cq, &qa, id, WcOpcode::RdmaWrite);
+    }
+    let canary = pattern(0xca4a, 4096);
+    let current = match change {
+        "remote region re-registered" => {
+            drop(remote.take());
+            let again = b.pd.alloc_mr(4096, Access::ALL).unwrap();
+            assert_eq!(
+                again.rkey() >> 8,
+                rkey >> 8,
+                "setup: the slot was not reused"
+            );
+            again
+        }
+        "local region deregistered" => {
+            drop(local.take());
+            remote.take().unwrap()
+        }
+        other => panic!("no change {other}"),
+    };
+    current.write(0, &canary).unwrap();
+    post(wr(3)).unwrap();
+    let wcs = a.cq.wait(1, T).unwrap();
+    assert_eq!(wcs.len(), 1, "{change}: no completion");
+    assert_eq!(wcs[0].wr_id, 3);
+    assert!(
+        current.to_vec(0, 4096).unwrap() == canary,
+        "{change}: the WRITE touched the target's region"
+    );
+    wcs[0].status
+}
+
+/// A `QpSender` that remembers the regions of its last WRITE re-checks them: a peer region
+/// deregistered (its key's slot now holds another region) or a local region deregistered gets
+/// the status the QP itself gives, not a write through the remembered mappings.
+#[test]
+fn a_sender_rechecks_what_it_remembers() {
+    for change in ["remote region re-registered", "local region deregistered"] {
+        let through_qp = after_a_change(change, Poster::Qp);
+        assert_ne!(through_qp, WcStatus::Success, "{change}");
+        assert_eq!(
+            after_a_change(change, Poster::Sender),
+            through_qp,
+            "{change}"
+        );
+    }
+}
+
 // ---- refused requests ------------------------------------------------------------------------
 
 /// A refused request and what to check it did not touch.

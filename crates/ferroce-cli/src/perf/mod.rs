@@ -613,14 +613,22 @@ fn wait_flag(s: &Session, off: usize, flag: u8, looks: usize, deadline: Instant)
                 std::hint::spin_loop();
             }
         }
-        if let Some(wc) = s.cq.poll_one().map_err(|e| e.to_string())? {
-            check_wc(&wc)?;
-        }
-        polls += 1;
-        if polls % POLLS_PER_CLOCK_READ == 0 && Instant::now() > deadline {
-            return Err("the peer stopped answering".into());
-        }
+        poll_while_waiting(s, &mut polls, deadline)?;
     }
+}
+
+/// `wait_flag`'s CQ poll (for an error completion) and deadline, out of line: the loop that
+/// looks at the flag stays a few instructions, and the code after it follows it closely.
+#[inline(never)]
+fn poll_while_waiting(s: &Session, polls: &mut u64, deadline: Instant) -> Res<()> {
+    if let Some(wc) = s.cq.poll_one().map_err(|e| e.to_string())? {
+        check_wc(&wc)?;
+    }
+    *polls += 1;
+    if *polls % POLLS_PER_CLOCK_READ == 0 && Instant::now() > deadline {
+        return Err("the peer stopped answering".into());
+    }
+    Ok(())
 }
 
 /// How many CQ polls `wait_flag` makes between two looks at the clock (for its deadline).

@@ -21,9 +21,9 @@ use crate::shm::PeerMemory;
 /// a post reusing its buffer takes neither the table's lock nor a reference count.
 #[derive(Debug)]
 pub(crate) struct CachedLocal {
-    removals: u64,
-    key: u32,
-    mr: Arc<MrInner>,
+    pub(crate) removals: u64,
+    pub(crate) key: u32,
+    pub(crate) mr: Arc<MrInner>,
 }
 
 impl CachedLocal {

@@ -41,13 +41,14 @@
 pub(crate) mod direct;
 pub(crate) mod map;
 pub(crate) mod ring;
+pub(crate) mod shortcut;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferroce_proto::{Access, QpState};
@@ -284,6 +285,12 @@ impl KeyTable {
         (seq & 1 == 0).then_some(seq)
     }
 
+    /// The sequence number word of the slot `key` names (see `seq_at_rest`).
+    fn seq_word(&self, key: u32) -> Option<&AtomicU64> {
+        let index = (key >> 8) as usize;
+        (index < TABLE_SLOTS).then(|| self.map.u64_at(self.slot(index) + S_SEQ))
+    }
+
     /// A consistent read of the slot `key` names, if it holds that key, with the slot's
     /// sequence number at the time.
     fn lookup(&self, key: u32) -> Option<(PublishedRegion, u64)> {
@@ -370,6 +377,17 @@ impl QpPage {
         self.map
             .u32_at(P_STATE)
             .store(state_code(state), Ordering::Release);
+    }
+
+    /// The words `publish` writes (state code, access bits, protection domain).
+    fn state_word(&self) -> &AtomicU32 {
+        self.map.u32_at(P_STATE)
+    }
+    fn access_word(&self) -> &AtomicU32 {
+        self.map.u32_at(P_ACCESS)
+    }
+    fn pd_word(&self) -> &AtomicU32 {
+        self.map.u32_at(P_PD)
     }
 
     #[inline]
