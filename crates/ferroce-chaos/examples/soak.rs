@@ -71,15 +71,7 @@ impl Side {
             ..QpCaps::default()
         };
         let qps = (0..nq)
-            .map(|_| {
-                pd.create_qp(&QpInitAttr {
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    caps,
-                    srq: None,
-                })
-                .unwrap()
-            })
+            .map(|_| pd.create_qp(&QpInitAttr::new(&cq, caps)).unwrap())
             .collect();
         Side {
             ctx,

@@ -35,14 +35,7 @@ fn peer_b(listener: Listener) -> Res<()> {
         max_recv_wr: 4096,
         ..QpCaps::default()
     };
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            caps,
-            srq: None,
-        })
-        .map_err(s)?;
+    let qp = pd.create_qp(&QpInitAttr::new(&cq, caps)).map_err(s)?;
     let mem = pd.alloc_mr(2 << 20, Access::ALL).map_err(s)?;
     let region = RemoteRegion {
         addr: mem.addr(),
@@ -103,12 +96,7 @@ fn peer_a(cm_addr: SocketAddr) -> Res<()> {
     let pd = ctx.alloc_pd().map_err(s)?;
     let cq = ctx.create_cq(4096, None).map_err(s)?;
     let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            caps: QpCaps::default(),
-            srq: None,
-        })
+        .create_qp(&QpInitAttr::new(&cq, QpCaps::default()))
         .map_err(s)?;
     let mem = pd.alloc_mr(2 << 20, Access::ALL).map_err(s)?;
     let local = qp.endpoint_info(Psn::new(0x1000), None);

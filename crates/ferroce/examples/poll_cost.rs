@@ -11,12 +11,7 @@ fn main() {
     let cq = ctx.create_cq(16, None).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let _qp = pd
-        .create_qp(&ferroce::QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            caps: Default::default(),
-            srq: None,
-        })
+        .create_qp(&ferroce::QpInitAttr::new(&cq, Default::default()))
         .unwrap();
     let mr = pd.alloc_mr(64, ferroce::Access::ALL).unwrap();
     let n = 200_000;

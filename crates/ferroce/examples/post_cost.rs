@@ -25,13 +25,8 @@ fn main() {
         bctx.create_cq(64, None).unwrap(),
     );
     let mk = |pd: &ferroce::ProtectionDomain, cq| {
-        pd.create_qp(&QpInitAttr {
-            send_cq: cq,
-            recv_cq: cq,
-            caps: QpCaps::default(),
-            srq: None,
-        })
-        .unwrap()
+        pd.create_qp(&QpInitAttr::new(cq, QpCaps::default()))
+            .unwrap()
     };
     let (a, b) = (mk(&apd, &acq), mk(&bpd, &bcq));
     for (q, peer, pctx) in [(&a, &b, &bctx), (&b, &a, &actx)] {

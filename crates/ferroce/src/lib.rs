@@ -18,8 +18,8 @@
 //! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
 //! let (cq_a, cq_b) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
 //! let caps = QpCaps::default();
-//! let qa = pd_a.create_qp(&QpInitAttr { send_cq: &cq_a, recv_cq: &cq_a, caps, srq: None })?;
-//! let qb = pd_b.create_qp(&QpInitAttr { send_cq: &cq_b, recv_cq: &cq_b, caps, srq: None })?;
+//! let qa = pd_a.create_qp(&QpInitAttr::new(&cq_a, caps))?;
+//! let qb = pd_b.create_qp(&QpInitAttr::new(&cq_b, caps))?;
 //! for (qp, peer, peer_ctx) in [(&qa, &qb, &b), (&qb, &qa, &a)] {
 //!     qp.modify_to_init(&InitAttr::default())?;
 //!     let rtr = RtrAttr {

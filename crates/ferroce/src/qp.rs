@@ -31,6 +31,19 @@ pub struct QpInitAttr<'a> {
     pub srq: Option<&'a SharedReceiveQueue>,
 }
 
+impl<'a> QpInitAttr<'a> {
+    /// The common case: one CQ for both send and receive completions, the QP's own receive
+    /// queue.
+    pub fn new(cq: &'a CompletionQueue, caps: QpCaps) -> QpInitAttr<'a> {
+        QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            caps,
+            srq: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct SrqInner {
     queue: Mutex<VecDeque<RecvWr>>,
@@ -317,10 +330,7 @@ impl QpSender<'_> {
         // that the path from the caller's last instruction to the store into the peer's
         // memory stays short (on a ping-pong it is the whole turnaround).
         match self.shortcut.as_ref().and_then(|s| s.run(&wr)) {
-            Some(opcode) if !wr.flags.signaled => {
-                let _ = opcode;
-                Ok(())
-            }
+            Some(_) if !wr.flags.signaled => Ok(()),
             done => self.post_rest(wr, done),
         }
     }

@@ -362,13 +362,8 @@ fn open() -> Context {
 }
 
 fn create_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> QueuePair {
-    pd.create_qp(&QpInitAttr {
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
-        srq: None,
-    })
-    .unwrap()
+    pd.create_qp(&QpInitAttr::new(cq, QpCaps::default()))
+        .unwrap()
 }
 
 /// Brings `q` to RTS, talking to QPN `peer_qpn` at `peer` and expecting PSN `rq_psn` first.

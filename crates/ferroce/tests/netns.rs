@@ -961,13 +961,8 @@ mod role {
     }
 
     fn qp(h: &Host) -> Res<QueuePair> {
-        h.pd.create_qp(&QpInitAttr {
-            send_cq: &h.cq,
-            recv_cq: &h.cq,
-            caps: QpCaps::default(),
-            srq: None,
-        })
-        .ctx("creating a QP")
+        h.pd.create_qp(&QpInitAttr::new(&h.cq, QpCaps::default()))
+            .ctx("creating a QP")
     }
 
     fn region(mr: &MemoryRegion, offset: usize, len: usize) -> RemoteRegion {

@@ -91,13 +91,7 @@ fn new_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> QueuePair {
         max_recv_wr: 64,
         ..QpCaps::default()
     };
-    pd.create_qp(&QpInitAttr {
-        send_cq: cq,
-        recv_cq: cq,
-        caps,
-        srq: None,
-    })
-    .unwrap()
+    pd.create_qp(&QpInitAttr::new(cq, caps)).unwrap()
 }
 
 /// A first PSN that differs per QP and is not 0, so PSN mix-ups show.

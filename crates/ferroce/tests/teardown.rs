@@ -59,20 +59,10 @@ fn releases_everything_over(provider: ferroce::Provider) {
         );
         let fds_without_qps = open_fds();
         let qa = pa
-            .create_qp(&QpInitAttr {
-                send_cq: &ca,
-                recv_cq: &ca,
-                caps: QpCaps::default(),
-                srq: None,
-            })
+            .create_qp(&QpInitAttr::new(&ca, QpCaps::default()))
             .unwrap();
         let qb = pb
-            .create_qp(&QpInitAttr {
-                send_cq: &cb,
-                recv_cq: &cb,
-                caps: QpCaps::default(),
-                srq: None,
-            })
+            .create_qp(&QpInitAttr::new(&cb, QpCaps::default()))
             .unwrap();
         for (q, peer, pctx) in [(&qa, &qb, &b), (&qb, &qa, &a)] {
             q.modify_to_init(&InitAttr::default()).unwrap();

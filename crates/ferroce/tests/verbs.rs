@@ -382,13 +382,8 @@ fn completion_channel_wakes_a_blocked_thread(p: Provider) {
     let cq = b.ctx.create_cq(16, Some(&ch)).unwrap();
     let qa = qp(&a, None);
     let qb =
-        b.pd.create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            caps: QpCaps::default(),
-            srq: None,
-        })
-        .unwrap();
+        b.pd.create_qp(&QpInitAttr::new(&cq, QpCaps::default()))
+            .unwrap();
     connect(&qa, &a.ctx, &qb, &b.ctx);
     let buf = mr(&b, 64);
     qb.post_recv(RecvWr {

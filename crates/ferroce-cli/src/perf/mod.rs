@@ -443,14 +443,7 @@ fn setup(
         ..QpCaps::default()
     };
     let qps = (0..nq)
-        .map(|_| {
-            pd.create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                caps,
-                srq: None,
-            })
-        })
+        .map(|_| pd.create_qp(&QpInitAttr::new(&cq, caps)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     let max_size = args.sizes().into_iter().max().unwrap_or(8).max(8) as usize;

@@ -168,6 +168,30 @@ pub(crate) fn one_sided_op(
     Some(opcode)
 }
 
+/// Moves the `len` bytes of a WRITE (`writing`: local to remote) or a READ (remote to local).
+///
+/// # Safety
+/// `len` bytes at `local` and at `remote` lie in live mappings of two distinct regions.
+#[inline(always)]
+pub(crate) unsafe fn move_one_sided(writing: bool, local: *mut u8, remote: *mut u8, len: usize) {
+    let (src, dst) = if writing {
+        (local.cast_const(), remote)
+    } else {
+        (remote.cast_const(), local)
+    };
+    // SAFETY: as the caller vouches.
+    unsafe {
+        if len == 8 {
+            // A flag word or a counter: the commonest size of a latency-bound WRITE, one load
+            // and one store without `copy_bytes`' size dispatch.
+            dst.cast::<u64>()
+                .write_unaligned(src.cast::<u64>().read_unaligned());
+        } else {
+            copy_bytes(src, dst, len);
+        }
+    }
+}
+
 /// The common case of [`one_sided`] in straight-line code: a WRITE or READ of one buffer in the
 /// local region the previous request used (a ping-pong or a stream reuses its buffers). The
 /// same checks in the same order, without the scatter/gather walk; touches nothing and returns
@@ -205,14 +229,9 @@ fn repeated_one_sided(
     // SAFETY: `resolve` checked `base..base + len` lies in the peer's region, which `map` keeps
     // mapped.
     let remote_ptr = unsafe { map.ptr().add(base) };
-    let (src, dst) = if writing {
-        (local_ptr, remote_ptr)
-    } else {
-        (remote_ptr, local_ptr)
-    };
     // SAFETY: `admit` checked `offset..offset + len` lies in the local region, mapped while
     // `last_local` holds it; the remote range is checked above. Two distinct mappings.
-    unsafe { copy_bytes(src, dst, len as usize) };
+    unsafe { move_one_sided(writing, local_ptr, remote_ptr, len as usize) };
     Some(())
 }
 

@@ -158,6 +158,12 @@ fn state_code(s: QpState) -> u32 {
     }
 }
 
+/// Whether a QP in the state `state_code` names serves requests from its peer (RTR, RTS, SQD).
+#[inline]
+fn state_serves(code: u32) -> bool {
+    matches!(code, 2..=4)
+}
+
 /// Creates a memfd of `len` bytes stamped with `magic`.
 fn stamped(name: &str, len: usize, magic: u64) -> io::Result<SharedMap> {
     let map = SharedMap::create(name, len)?;
@@ -274,18 +280,12 @@ impl KeyTable {
     /// keeps what it read under a number need not read the slot again.
     #[inline]
     fn seq_at_rest(&self, key: u32) -> Option<u64> {
-        let index = (key >> 8) as usize;
-        if index >= TABLE_SLOTS {
-            return None;
-        }
-        let seq = self
-            .map
-            .u64_at(self.slot(index) + S_SEQ)
-            .load(Ordering::Acquire);
+        let seq = self.seq_word(key)?.load(Ordering::Acquire);
         (seq & 1 == 0).then_some(seq)
     }
 
     /// The sequence number word of the slot `key` names (see `seq_at_rest`).
+    #[inline]
     fn seq_word(&self, key: u32) -> Option<&AtomicU64> {
         let index = (key >> 8) as usize;
         (index < TABLE_SLOTS).then(|| self.map.u64_at(self.slot(index) + S_SEQ))
@@ -380,22 +380,25 @@ impl QpPage {
     }
 
     /// The words `publish` writes (state code, access bits, protection domain).
+    #[inline]
     fn state_word(&self) -> &AtomicU32 {
         self.map.u32_at(P_STATE)
     }
+    #[inline]
     fn access_word(&self) -> &AtomicU32 {
         self.map.u32_at(P_ACCESS)
     }
+    #[inline]
     fn pd_word(&self) -> &AtomicU32 {
         self.map.u32_at(P_PD)
     }
 
     #[inline]
     fn serves(&self, need: Access) -> Option<u32> {
-        let state = self.map.u32_at(P_STATE).load(Ordering::Acquire);
-        let access = Access::from_bits(self.map.u32_at(P_ACCESS).load(Ordering::Acquire));
-        let ok = matches!(state, 2..=4) && access.contains(need);
-        ok.then(|| self.map.u32_at(P_PD).load(Ordering::Acquire))
+        let state = self.state_word().load(Ordering::Acquire);
+        let access = Access::from_bits(self.access_word().load(Ordering::Acquire));
+        let ok = state_serves(state) && access.contains(need);
+        ok.then(|| self.pd_word().load(Ordering::Acquire))
     }
 }
 

@@ -35,7 +35,7 @@ use ferroce_proto::{Access, SendOp, SendWr, WcOpcode};
 use super::map::SharedMap;
 use super::{KeyTable, PeerMemory, QpPage};
 use crate::context::ContextShared;
-use crate::mr::{copy_bytes, MrInner};
+use crate::mr::MrInner;
 use crate::qp::QpShared;
 
 /// See the module doc. Its pointers point into objects it keeps alive itself (the regions'
@@ -165,7 +165,7 @@ impl Shortcut {
                 && (*self.removals_word).load(Ordering::Acquire) == self.removals
                 && !(*self.revoked).load(Ordering::Acquire)
                 && (*self.seq_word).load(Ordering::Acquire) == self.seq
-                && matches!((*self.peer_state).load(Ordering::Acquire), 2..=4)
+                && super::state_serves((*self.peer_state).load(Ordering::Acquire))
                 && Access::from_bits((*self.peer_access).load(Ordering::Acquire)).contains(need)
                 && (*self.peer_pd).load(Ordering::Acquire) == self.remote_pd
         };
@@ -184,23 +184,9 @@ impl Shortcut {
         // keeps.
         let local = self.local_ptr.wrapping_add(local_off as usize);
         let remote = self.remote_ptr.wrapping_add(remote_off as usize);
-        let (src, dst) = if writing {
-            (local.cast_const(), remote)
-        } else {
-            (remote.cast_const(), local)
-        };
         // SAFETY: `len` bytes at each end lie inside a live mapping of its region (checked
         // above); the two regions are distinct mappings.
-        unsafe {
-            if len == 8 {
-                // A flag word or a counter: the commonest size of a latency-bound WRITE, and
-                // one load and one store without the size dispatch.
-                dst.cast::<u64>()
-                    .write_unaligned(src.cast::<u64>().read_unaligned());
-            } else {
-                copy_bytes(src, dst, len as usize);
-            }
-        }
+        unsafe { super::direct::move_one_sided(writing, local, remote, len as usize) };
         Some(opcode)
     }
 }
