@@ -144,15 +144,15 @@ fi
 for r in $(seq "$REPS"); do
   note "repetition $r/$REPS: latency"
   $S pingpong --iters 300000 --json >"$OUT/pingpong_r$r.json" || note "shm-baseline pingpong failed"
-  if [ -n "$HAVE_UCX" ]; then
-    ucx_run "put_lat_r$r" -t ucp_put_lat -s 8 -n "$LAT_ITERS" -w 10000
-    ucx_run "get_r$r" -t ucp_get -s 8 -n "$LAT_ITERS" -w 10000 -O 1
-    ucx_run "fadd_r$r" -t ucp_fadd -s 8 -n "$LAT_ITERS" -w 10000 -O 1
-    ucx_run "add_r$r" -t ucp_add -s 8 -n "$LAT_ITERS" -w 10000 -O 1
-  fi
-  if [ -n "$F" ]; then
-    for t in write_lat read_lat atomic_lat; do fer "${t}_r$r" $t --size 8 --iters "$LAT_ITERS"; done
-  fi
+  # Each ferroce test runs right after the UCX test it is compared with: the two of a ratio
+  # see the same placement of the vCPUs as often as can be.
+  for pair in "put_lat write_lat" "get read_lat" "fadd atomic_lat" "add -"; do
+    read -r u f <<<"$pair"
+    # put_lat is a ping-pong; the others stream with at most one operation outstanding.
+    [ -n "$HAVE_UCX" ] && ucx_run "${u}_r$r" -t "ucp_$u" -s 8 -n "$LAT_ITERS" -w 10000 \
+      $([ "$u" = put_lat ] || echo -O 1)
+    [ -n "$F" ] && [ "$f" != - ] && fer "${f}_r$r" "$f" --size 8 --iters "$LAT_ITERS"
+  done
   note "repetition $r/$REPS: bandwidth"
   $S memcpy --all --json >"$OUT/memcpy_r$r.json" || note "shm-baseline memcpy failed"
   for s in $SIZES; do

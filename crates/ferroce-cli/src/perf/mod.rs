@@ -545,14 +545,16 @@ fn unsignaled() -> SendFlags {
 }
 
 /// The last (up to) 8 bytes of a message in the send area, whose last byte is the flag of a
-/// WRITE latency test. Setting the flag stores the whole word: the post that follows reads the
-/// message, and a load that takes a word from a smaller store still in the store buffer has to
-/// wait for that store to reach the cache (a store-forwarding stall, a few nanoseconds each
-/// turn of an 8 B shared-memory ping-pong).
+/// WRITE latency test. Setting the flag stores the whole word, built in a register: the post
+/// that follows reads the message, and a load that takes a word from a smaller store still in
+/// the store buffer has to wait for that store to reach the cache (a store-forwarding stall, a
+/// few nanoseconds each turn of an 8 B shared-memory ping-pong). The same holds for a word put
+/// together in memory from a byte store, so the word is shifted, never written byte by byte.
 struct FlagWord {
     off: usize,
     len: usize,
-    bytes: [u8; 8],
+    /// The bytes, little-endian: byte `i` of the message's tail is bits `8i..8i + 8`.
+    word: u64,
 }
 
 impl FlagWord {
@@ -566,19 +568,24 @@ impl FlagWord {
         Ok(FlagWord {
             off: off + len - n,
             len: n,
-            bytes,
+            word: u64::from_le_bytes(bytes),
         })
     }
 
+    #[inline(always)]
     fn set(&mut self, s: &Session, flag: u8) -> Res<()> {
-        self.bytes[self.len - 1] = flag;
-        s.buf
-            .write(self.off, &self.bytes[..self.len])
-            .map_err(|e| e.to_string())
+        let shift = 8 * (self.len - 1);
+        self.word = self.word & !(0xff << shift) | u64::from(flag) << shift;
+        let bytes = self.word.to_le_bytes();
+        let done = if self.len == 8 {
+            s.buf.write(self.off, &bytes)
+        } else {
+            s.buf.write(self.off, &bytes[..self.len])
+        };
+        done.map_err(|e| e.to_string())
     }
 }
 
-/// Polls until the last byte of the receive area of QP `q` is `flag`.
 /// How many times `wait_flag` reads the flag byte between two CQ polls. A WRITE arriving as
 /// packets needs the engine, which a CQ poll drives inline; a same-host peer's WRITE lands in
 /// memory with no call here, and a poll in the way only delays seeing it, so then the CQ is
@@ -590,6 +597,10 @@ fn flag_looks(s: &Session) -> usize {
     }
 }
 
+/// Polls until the byte at `off` is `flag`: looks at it `looks` times between two CQ polls.
+/// Inlined, so that what follows a wait (the next post) comes straight after the look that
+/// ends it.
+#[inline(always)]
 fn wait_flag(s: &Session, off: usize, flag: u8, looks: usize, deadline: Instant) -> Res<()> {
     let mut b = [0u8];
     let mut polls = 0u64;
@@ -933,6 +944,63 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The client's side of the WRITE ping-pong: set the flag, post, read the clock, wait for the
+/// answer. Its own loop, apart from the other latency tests: on shared memory the path from
+/// seeing the peer's flag to the store of the next WRITE is the whole of what this test
+/// measures beyond the line crossing, and every instruction on it (the other tests' arms and
+/// their bookkeeping included) is on it once per half round trip.
+fn write_lat_round(s: &Session, size: u64, iters: u64, deadline: Instant) -> Res<Vec<u64>> {
+    let len = size as usize;
+    let mut wr = SendWr::new(0, SendOp::Write, sge(s, s.send_off(0), size)?)
+        .remote(s.remote_addr(s.recv_off(0)), s.remote.rkey)
+        .flags(unsignaled());
+    let looks = flag_looks(s);
+    let flag_off = s.recv_off(0) + len - 1;
+    let mut tx = s.qps[0].sender();
+    let mut tail = FlagWord::new(s, s.send_off(0), len)?;
+    let mut laps = Laps::new(iters, false);
+    for i in 0..iters {
+        let flag = flag_of(i);
+        tail.set(s, flag)?;
+        wr.wr_id = i;
+        tx.post_send(&wr).map_err(|e| e.to_string())?;
+        laps.lap();
+        wait_flag(s, flag_off, flag, looks, deadline)?;
+    }
+    laps.lap();
+    Ok(laps.samples)
+}
+
+/// A latency test's samples: the times between consecutive clock reads, one read per
+/// iteration. In the ping-pong tests (WRITE, SEND) the read comes right after the post, while
+/// the message is on its way and this side would only wait: each interval is still one whole
+/// round trip, but reading the clock is not on the path the peer waits for. (The last interval
+/// ends when the last answer arrives, without a post: one sample in `iters`.) The other tests
+/// read the clock before the first post and after each completion.
+struct Laps {
+    last: Option<Instant>,
+    samples: Vec<u64>,
+}
+
+impl Laps {
+    /// Room for `iters` samples; the first interval starts now if `start_now`, else at the
+    /// first `lap`.
+    fn new(iters: u64, start_now: bool) -> Laps {
+        Laps {
+            last: start_now.then(Instant::now),
+            samples: Vec::with_capacity(iters as usize),
+        }
+    }
+
+    /// Reads the clock, ending the interval under way (if any) and starting the next.
+    fn lap(&mut self) {
+        let t = Instant::now();
+        if let Some(l) = self.last.replace(t) {
+            self.samples.push((t - l).as_nanos() as u64);
+        }
+    }
+}
+
 fn lat_round(
     args: &PerfArgs,
     s: &Session,
@@ -940,16 +1008,12 @@ fn lat_round(
     iters: u64,
     deadline: Instant,
 ) -> Res<Vec<u64>> {
-    let len = size as usize;
     let qp = &s.qps[0];
-    let mut samples = Vec::with_capacity(iters as usize);
     let mut last_orig = None;
     // Each test posts the same request every iteration, built once (as perftest does): a post
     // then allocates nothing.
     let mut wr = match args.test {
-        Test::WriteLat => SendWr::new(0, SendOp::Write, sge(s, s.send_off(0), size)?)
-            .remote(s.remote_addr(s.recv_off(0)), s.remote.rkey)
-            .flags(unsignaled()),
+        Test::WriteLat => return write_lat_round(s, size, iters, deadline),
         Test::SendLat => {
             SendWr::new(0, SendOp::Send, sge(s, s.send_off(0), size)?).flags(unsignaled())
         }
@@ -959,69 +1023,38 @@ fn lat_round(
             .remote(s.remote_addr(s.counter_off()), s.remote.rkey),
         _ => return Err(format!("{} is not a latency test", test_name(args.test))),
     };
-    let looks = flag_looks(s);
     let mut tx = qp.sender();
-    let mut tail = FlagWord::new(s, s.send_off(0), len)?;
-    // A sample is the time between two consecutive clock reads, one read per iteration. In the
-    // ping-pong tests (WRITE, SEND) the read comes right after the post, while the message is
-    // on its way and this side would only wait: each interval is still one whole round trip,
-    // but reading the clock is not on the path the peer waits for. (The last interval ends
-    // when the last answer arrives, without a post: one sample in `iters`.)
-    let ping_pong = matches!(args.test, Test::WriteLat | Test::SendLat);
-    let mut last = (!ping_pong).then(Instant::now);
-    let mut lap = |samples: &mut Vec<u64>| {
-        let t = Instant::now();
-        if let Some(l) = last.replace(t) {
-            samples.push((t - l).as_nanos() as u64);
-        }
-    };
+    let ping_pong = matches!(args.test, Test::SendLat);
+    let mut laps = Laps::new(iters, !ping_pong);
     for i in 0..iters {
         wr.wr_id = i;
-        match args.test {
-            Test::WriteLat => {
-                let flag = flag_of(i);
-                tail.set(s, flag)?;
-                tx.post_send(&wr).map_err(|e| e.to_string())?;
-                lap(&mut samples);
-                wait_flag(s, s.recv_off(0) + len - 1, flag, looks, deadline)?;
-            }
-            Test::SendLat => {
-                tx.post_send(&wr).map_err(|e| e.to_string())?;
-                lap(&mut samples);
-                wait_recv(s, deadline)?;
-                qp.post_recv(RecvWr {
-                    wr_id: 0,
-                    sgl: sge(s, s.recv_off(0), size)?,
-                })
-                .map_err(|e| e.to_string())?;
-            }
-            Test::ReadLat => {
-                tx.post_send(&wr).map_err(|e| e.to_string())?;
-                wait_send(s, deadline)?;
-            }
-            Test::AtomicLat => {
-                tx.post_send(&wr).map_err(|e| e.to_string())?;
-                wait_send(s, deadline)?;
-                if args.verify {
-                    let orig = s.buf.read_u64(s.recv_off(0)).map_err(|e| e.to_string())?;
-                    if orig != i || last_orig.is_some_and(|p| p + 1 != orig) {
-                        return Err(format!(
-                            "verification failed: FETCH_ADD {i} returned {orig}"
-                        ));
-                    }
-                    last_orig = Some(orig);
-                }
-            }
-            _ => return Err(format!("{} is not a latency test", test_name(args.test))),
+        tx.post_send(&wr).map_err(|e| e.to_string())?;
+        if ping_pong {
+            laps.lap();
+            wait_recv(s, deadline)?;
+            qp.post_recv(RecvWr {
+                wr_id: 0,
+                sgl: sge(s, s.recv_off(0), size)?,
+            })
+            .map_err(|e| e.to_string())?;
+            continue;
         }
-        if !ping_pong {
-            lap(&mut samples);
+        wait_send(s, deadline)?;
+        if args.verify && matches!(args.test, Test::AtomicLat) {
+            let orig = s.buf.read_u64(s.recv_off(0)).map_err(|e| e.to_string())?;
+            if orig != i || last_orig.is_some_and(|p| p + 1 != orig) {
+                return Err(format!(
+                    "verification failed: FETCH_ADD {i} returned {orig}"
+                ));
+            }
+            last_orig = Some(orig);
         }
+        laps.lap();
     }
     if ping_pong {
-        lap(&mut samples);
+        laps.lap();
     }
-    Ok(samples)
+    Ok(laps.samples)
 }
 
 fn bw_round(
