@@ -13,6 +13,8 @@
 # env:    UCX_TLS   (default posix,self; e.g. sysv,self or posix,cma,self)
 #         LAT_ITERS (default 200000)  timed iterations of every 8 B latency test
 #         REPS      (default 3)       repetitions of the whole set (medians are reported)
+#         LAT_PAIRS (default 3)       runs of each 8 B latency test per repetition, each beside
+#                                     the run it is compared with
 #         RAW_DIR   keep every raw output (JSON lines, UCX CSV, logs) in this directory
 # Installs ucx-utils with apt-get when ucx_perftest is missing (needs root). Nothing is pinned.
 #
@@ -68,6 +70,7 @@ cd "$(dirname "$0")/.."
 TLS=${UCX_TLS:-posix,self}
 LAT_ITERS=${LAT_ITERS:-200000}
 REPS=${REPS:-3}
+LAT_PAIRS=${LAT_PAIRS:-3}
 SIZES="4096 8192 16384 32768 65536 131072 262144 524288 1048576 2097152 4194304"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -140,18 +143,28 @@ fi
 
 # The host moves the two vCPUs around: the same cache-line round trip takes ~50 ns in one run and
 # ~230 ns in the next (SMT siblings or not), so every figure is measured REPS times, interleaved,
-# and the table gives medians over the repetitions and medians of ratios taken within one.
+# and the table gives medians over the repetitions and medians of ratios taken within one
+# (for 8 B latency: of two runs side by side).
+# One 8 B latency run of UCX test $u / ferroce test $f (- for none) of repetition $r, pair $k.
+# put_lat is a ping-pong; the others stream with at most one operation outstanding.
+run_ucx() {
+  [ -n "$HAVE_UCX" ] && ucx_run "${u}_r${r}_$k" -t "ucp_$u" -s 8 -n "$LAT_ITERS" -w 10000 \
+    $([ "$u" = put_lat ] || echo -O 1)
+}
+run_fer() { [ -n "$F" ] && [ "$f" != - ] && fer "${f}_r${r}_$k" "$f" --size 8 --iters "$LAT_ITERS"; }
 for r in $(seq "$REPS"); do
   note "repetition $r/$REPS: latency"
-  $S pingpong --iters 300000 --json >"$OUT/pingpong_r$r.json" || note "shm-baseline pingpong failed"
-  # Each ferroce test runs right after the UCX test it is compared with: the two of a ratio
-  # see the same placement of the vCPUs as often as can be.
+  # Each ferroce test runs beside the UCX test it is compared with, LAT_PAIRS times, the order
+  # turned round each time: the host moves the vCPUs while a repetition runs, and a ratio only
+  # means something when both of its runs saw the same placement.
   for pair in "put_lat write_lat" "get read_lat" "fadd atomic_lat" "add -"; do
     read -r u f <<<"$pair"
-    # put_lat is a ping-pong; the others stream with at most one operation outstanding.
-    [ -n "$HAVE_UCX" ] && ucx_run "${u}_r$r" -t "ucp_$u" -s 8 -n "$LAT_ITERS" -w 10000 \
-      $([ "$u" = put_lat ] || echo -O 1)
-    [ -n "$F" ] && [ "$f" != - ] && fer "${f}_r$r" "$f" --size 8 --iters "$LAT_ITERS"
+    for k in $(seq "$LAT_PAIRS"); do
+      # The floor beside the WRITE/put pair, for the ratios to it.
+      [ "$u" = put_lat ] && { $S pingpong --iters 300000 --json >"$OUT/pingpong_r${r}_$k.json" ||
+        note "shm-baseline pingpong failed"; }
+      if ((k % 2)); then run_ucx; run_fer; else run_fer; run_ucx; fi
+    done
   done
   note "repetition $r/$REPS: bandwidth"
   $S memcpy --all --json >"$OUT/memcpy_r$r.json" || note "shm-baseline memcpy failed"
@@ -162,9 +175,10 @@ for r in $(seq "$REPS"); do
 done
 
 ########## table ##########
-python3 - "$OUT" "$SIZES" "$TLS" "$REPS" <<'PY'
+python3 - "$OUT" "$SIZES" "$TLS" "$REPS" "$LAT_PAIRS" <<'PY'
 import json, os, statistics, sys
-d, sizes, tls, reps = sys.argv[1], [int(s) for s in sys.argv[2].split()], sys.argv[3], int(sys.argv[4])
+d, sizes, tls = sys.argv[1], [int(s) for s in sys.argv[2].split()], sys.argv[3]
+reps, pairs = int(sys.argv[4]), int(sys.argv[5])
 
 def json_lines(name):
     """Every JSON object in a file of JSON lines (none if the file is missing or broken)."""
@@ -181,15 +195,17 @@ def ucx(name):
     except (OSError, ValueError, IndexError):
         return None
 
-def lat_of(key, r):
-    """(typical ns, avg ns) of latency figure `key` in repetition r, or None."""
+def lat_of(key, run):
+    """(typical ns, avg ns) of latency figure `key` in run (repetition, pair), or None; the
+    ping-pong is measured next to put_lat and write_lat."""
+    r, k = run
     if key == "pp":
-        j = json_lines(f"pingpong_r{r}.json")
+        j = json_lines(f"pingpong_r{r}_{k}.json")
         return (j[0]["t_typical_ns"], j[0]["t_avg_ns"]) if j else None
     if key in ("put_lat", "get", "fadd", "add"):
-        u = ucx(f"{key}_r{r}")
+        u = ucx(f"{key}_r{r}_{k}")
         return u[:2] if u else None
-    j = json_lines(f"ferroce_{key}_r{r}.json")
+    j = json_lines(f"ferroce_{key}_r{r}_{k}.json")
     return (j[0]["t_typical_us"] * 1000, j[0]["t_avg_us"] * 1000) if j else None
 
 def bw_of(kind, s, r):
@@ -203,18 +219,19 @@ def bw_of(kind, s, r):
     return j[0]["bw_avg_mb_s"] if j else None
 
 R = range(1, reps + 1)
+RUNS = [(r, k) for r in R for k in range(1, pairs + 1)]
 med = lambda xs: statistics.median(xs) if xs else None
 
-def ratios(f):
-    """Median and range over repetitions of per-repetition ratios f(r) (None entries skipped)."""
-    xs = [x for x in (f(r) for r in R) if x is not None]
+def ratios(f, over=R):
+    """Median and range of ratios f(x) for x in `over` (None entries skipped)."""
+    xs = [x for x in (f(r) for r in over) if x is not None]
     return (med(xs), min(xs), max(xs)) if xs else None
 
 def lat_ratio(a, b, scale=1.0):
     def f(r):
         x, y = lat_of(a, r), lat_of(b, r)
         return x[0] / (scale * y[0]) if x and y else None
-    return ratios(f)
+    return ratios(f, RUNS)
 
 def show_ratio(label, rr, at_most=None):
     if rr is None:
@@ -232,9 +249,9 @@ LAT = [("pp", "cache-line ping-pong 8 B (shm-baseline)", "one-way"),
        ("read_lat", "ferroce READ 8 B (shm)", "per op"),
        ("atomic_lat", "ferroce FETCH_ADD 8 B (shm)", "per op")]
 print()
-print(f"8 B latency, ns: medians over {reps} repetitions   definition      typical       avg   typical range")
+print(f"8 B latency, ns: medians over {reps} x {pairs} runs     definition      typical       avg   typical range")
 for key, label, how in LAT:
-    v = [x for x in (lat_of(key, r) for r in R) if x]
+    v = [x for x in (lat_of(key, run) for run in RUNS) if x]
     if not v:
         print(f"  {label:<45}{how:<14}{'-':>9}{'-':>10}")
         continue
@@ -244,7 +261,7 @@ print("  one-way = half a round trip; per op = post to completion on the initiat
 print("  does it with a load or a locked add on the peer's mapped memory: no peer, no round trip")
 
 print()
-print("latency ratios (typical / typical, within one repetition; median and range)")
+print("latency ratios (typical / typical of two runs side by side; median and range)")
 show_ratio("ferroce WRITE / UCX put (both one-way)", lat_ratio("write_lat", "put_lat"), 1.0)
 show_ratio("ferroce WRITE / cache-line ping-pong (both one-way)", lat_ratio("write_lat", "pp"))
 show_ratio("UCX put / cache-line ping-pong (both one-way)", lat_ratio("put_lat", "pp"))
