@@ -988,7 +988,8 @@ impl Laps {
     fn new(iters: u64, start_now: bool) -> Laps {
         // Written once before the clock starts: a fresh allocation's pages are only mapped at
         // their first store, and a page fault every 512 samples would land in the samples.
-        let mut samples = vec![0; iters as usize];
+        // (Not with zeros: zeroed memory is asked for as such and comes as untouched pages.)
+        let mut samples = vec![u64::MAX; iters as usize];
         samples.clear();
         Laps {
             last: start_now.then(Instant::now),
