@@ -141,10 +141,6 @@ if [ -n "$F" ] && ! $F perf write_lat --loopback --provider shm --size 8 --iters
   F=""
 fi
 
-# The host moves the two vCPUs around: the same cache-line round trip takes ~50 ns in one run and
-# ~230 ns in the next (SMT siblings or not), so every figure is measured REPS times, interleaved,
-# and the table gives medians over the repetitions and medians of ratios taken within one
-# (for 8 B latency: of two runs side by side).
 # One 8 B latency run of UCX test $u / ferroce test $f (- for none) of repetition $r, pair $k.
 # put_lat is a ping-pong; the others stream with at most one operation outstanding.
 run_ucx() {
@@ -152,6 +148,11 @@ run_ucx() {
     $([ "$u" = put_lat ] || echo -O 1)
 }
 run_fer() { [ -n "$F" ] && [ "$f" != - ] && fer "${f}_r${r}_$k" "$f" --size 8 --iters "$LAT_ITERS"; }
+
+# The host moves the two vCPUs around: the same cache-line round trip takes ~50 ns in one run and
+# ~230 ns in the next (SMT siblings or not), so every figure is measured REPS times, interleaved,
+# and the table gives medians over the repetitions and medians of ratios taken within one
+# (for 8 B latency: of two runs side by side).
 for r in $(seq "$REPS"); do
   note "repetition $r/$REPS: latency"
   # Each ferroce test runs beside the UCX test it is compared with, LAT_PAIRS times, the order
@@ -224,12 +225,12 @@ med = lambda xs: statistics.median(xs) if xs else None
 
 def ratios(f, over=R):
     """Median and range of ratios f(x) for x in `over` (None entries skipped)."""
-    xs = [x for x in (f(r) for r in over) if x is not None]
+    xs = [x for x in (f(o) for o in over) if x is not None]
     return (med(xs), min(xs), max(xs)) if xs else None
 
 def lat_ratio(a, b, scale=1.0):
-    def f(r):
-        x, y = lat_of(a, r), lat_of(b, r)
+    def f(run):
+        x, y = lat_of(a, run), lat_of(b, run)
         return x[0] / (scale * y[0]) if x and y else None
     return ratios(f, RUNS)
 
