@@ -438,9 +438,36 @@ fn pingpong_and_devices_and_demo() {
         "COMPARE_SWAP",
         "FETCH_ADD",
         "Bandwidth",
+        "run 1: udp",
+        "run 2: shm",
     ] {
         assert!(text.contains(op), "{op} missing:\n{text}");
     }
+    // The counters row of each run: (UDP run, shm run), as read from A's context.
+    let row = |name: &str| -> (u64, u64) {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no row {name}:\n{text}"));
+        let v: Vec<u64> = line[line.find(name).unwrap() + name.len()..]
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        (v[0], v[1])
+    };
+    // Over UDP nothing is done directly; over shm every WRITE (1000 and 1000 read-backs), READ,
+    // CAS and FETCH_ADD of step 2 and the 256 WRITEs of step 3 are.
+    assert_eq!(
+        row("one-sided ops done in B's memory directly"),
+        (0, 5 * 1000 + 256),
+        "{text}"
+    );
+    let (udp_sent, shm_sent) = row("packets sent (UDP datagrams / ring entries)");
+    // 256 MiB of WRITEs at MTU 4096 alone is 65536 packets; over shm only the 1000 SENDs and
+    // 1000 WRITEs with immediate are packets.
+    assert!(udp_sent >= 65536 + 6000, "{text}");
+    assert!((2000..2100).contains(&shm_sent), "{text}");
+    assert_eq!(row("ICRC errors"), (0, 0), "{text}");
 }
 
 #[test]

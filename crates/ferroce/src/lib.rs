@@ -46,26 +46,24 @@
 //! ```
 #![warn(missing_docs)]
 
-mod capture;
 pub mod cm;
-mod context;
-mod cq;
-mod device;
-mod engine;
 mod error;
-mod mr;
-mod qp;
-mod shm;
+mod os;
+mod provider;
 mod spin;
-mod sys;
+mod verbs;
 
-pub use context::{Context, ContextCounters, ContextOptions, ProtectionDomain};
-pub use cq::{empty_wc, CompletionChannel, CompletionQueue};
-pub use device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
 pub use error::{Error, Result};
-pub use mr::MemoryRegion;
-pub use qp::{ConnectOptions, QpInitAttr, QpSender, QueuePair, SendRequest, SharedReceiveQueue};
-pub use shm::Provider;
+pub use provider::Provider;
+pub use verbs::context::{Context, ContextOptions};
+pub use verbs::counters::ContextCounters;
+pub use verbs::cq::{empty_wc, CompletionChannel, CompletionQueue};
+pub use verbs::device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
+pub use verbs::mr::MemoryRegion;
+pub use verbs::pd::ProtectionDomain;
+pub use verbs::qp::{ConnectOptions, QpInitAttr, QueuePair};
+pub use verbs::sender::{QpSender, SendRequest};
+pub use verbs::srq::SharedReceiveQueue;
 
 pub use ferroce_proto::{
     Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr,

@@ -65,17 +65,19 @@
 //! takes a timeout that bounds the whole call, so a silent or slow peer is reported, not waited
 //! on forever.
 
-use std::fmt;
+mod endpoint;
+mod error;
+
 use std::io::{self, Read, Write};
-use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ferroce_proto::attr::MAX_RD_ATOMIC;
 use ferroce_proto::PathMtu;
-use ferroce_wire::psn::PSN_MASK;
-use ferroce_wire::Psn;
-use thiserror::Error;
+
+use self::endpoint::{decode_endpoint, encode_endpoints, header};
+pub use self::endpoint::{EndpointInfo, RemoteRegion};
+pub use self::error::{CmError, EndpointProblem, MessageKind, Phase};
 
 /// The first four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"FRCE";
@@ -90,353 +92,15 @@ pub const HEADER_LEN: usize = 12;
 /// Size of one endpoint record in bytes.
 pub const ENDPOINT_LEN: usize = 56;
 
-const QPN_MASK: u32 = 0x00ff_ffff;
-const FLAG_REGION: u8 = 0x01;
-const FLAG_ACKS_UNASKED: u8 = 0x02;
+pub(crate) const QPN_MASK: u32 = 0x00ff_ffff;
+pub(crate) const FLAG_REGION: u8 = 0x01;
+pub(crate) const FLAG_ACKS_UNASKED: u8 = 0x02;
 /// Upper bound of the sleep between two polls of a non-blocking listener: short enough that a
 /// connecting peer is not kept waiting noticeably, long enough not to spin a core.
 const MAX_ACCEPT_POLL: Duration = Duration::from_millis(10);
 
 /// The result of a connection-management operation.
 pub type Result<T> = std::result::Result<T, CmError>;
-
-/// A memory region the peer may access with RDMA READ, WRITE or atomics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RemoteRegion {
-    /// Virtual address of the region's first byte, as the peer must put it in a RETH.
-    pub addr: u64,
-    /// Remote key of the region.
-    pub rkey: u32,
-    /// Length of the region in bytes.
-    pub len: u64,
-}
-
-/// What one side tells the other about one of its queue pairs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct EndpointInfo {
-    /// QP number (24 bits).
-    pub qpn: u32,
-    /// The first PSN this side will send: the peer's `rq_psn`.
-    pub psn: Psn,
-    /// RoCE v2 GID of this side (IPv4-mapped for IPv4).
-    pub gid: Ipv6Addr,
-    /// The UDP port this side's RoCE socket listens on (4791 by default; other ports let several
-    /// unprivileged processes share a host).
-    pub udp_port: u16,
-    /// The largest path MTU this side supports.
-    pub mtu: PathMtu,
-    /// How many READ/atomic requests this side can serve at once as responder: the peer's
-    /// `max_rd_atomic` should not exceed it.
-    pub max_rd_atomic: u8,
-    /// A memory region the peer may access, if any.
-    pub region: Option<RemoteRegion>,
-    /// This side's responder acknowledges requests that do not ask for an ACK (AckReq clear)
-    /// within `ferroce_proto::responder::UNASKED_ACK_DELAY`, as ferroce's does: the peer's
-    /// unsignaled requests then need not ask (see `QueuePair::set_peer_acks_unasked`).
-    pub acks_unasked: bool,
-}
-
-impl EndpointInfo {
-    /// Checks every field against the range the protocol allows.
-    pub fn validate(&self) -> std::result::Result<(), EndpointProblem> {
-        if self.qpn > QPN_MASK {
-            return Err(EndpointProblem::Qpn(self.qpn));
-        }
-        if !gid_is_addressable(self.gid) {
-            return Err(EndpointProblem::Gid(self.gid));
-        }
-        if self.udp_port == 0 {
-            return Err(EndpointProblem::UdpPort);
-        }
-        if self.max_rd_atomic > MAX_RD_ATOMIC {
-            return Err(EndpointProblem::MaxRdAtomic(self.max_rd_atomic));
-        }
-        if let Some(r) = self.region {
-            if !region_fits(r.addr, r.len) {
-                return Err(EndpointProblem::RegionWraps {
-                    addr: r.addr,
-                    len: r.len,
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What is wrong with one endpoint record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum EndpointProblem {
-    /// The QP number does not fit in 24 bits.
-    #[error("QP number {0:#x}, beyond 24 bits")]
-    Qpn(u32),
-    /// The PSN does not fit in 24 bits.
-    #[error("PSN {0:#x}, beyond 24 bits")]
-    Psn(u32),
-    /// The GID cannot be sent to: unspecified or multicast.
-    #[error("GID {0}, which is unspecified or multicast")]
-    Gid(Ipv6Addr),
-    /// UDP port 0, which nothing can listen on.
-    #[error("UDP port 0")]
-    UdpPort,
-    /// The path MTU is not one of the five IBTA values.
-    #[error("path MTU {0}, not one of 256, 512, 1024, 2048, 4096")]
-    Mtu(u16),
-    /// More READ/atomic depth than a ferroce QP can track.
-    #[error("max_rd_atomic {0}, above the limit of {MAX_RD_ATOMIC}")]
-    MaxRdAtomic(u8),
-    /// Flag bits this version does not define.
-    #[error("unknown flags {0:#04x}")]
-    Flags(u8),
-    /// A reserved byte is not zero.
-    #[error("non-zero reserved byte at offset {0} of the record")]
-    Reserved(usize),
-    /// Region fields are set although the region flag is clear.
-    #[error("region fields set without the region flag")]
-    StrayRegion,
-    /// The region runs past the end of the 64-bit address space.
-    #[error("region of {len} bytes at {addr:#x}, which runs past 2^64")]
-    RegionWraps {
-        /// Start address.
-        addr: u64,
-        /// Length in bytes.
-        len: u64,
-    },
-}
-
-/// The kinds of message the protocol has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MessageKind {
-    /// A list of endpoint records.
-    Endpoints,
-    /// "My QPs are ready to receive."
-    Ready,
-}
-
-impl MessageKind {
-    /// The kind byte on the wire.
-    pub const fn code(self) -> u8 {
-        match self {
-            MessageKind::Endpoints => 1,
-            MessageKind::Ready => 2,
-        }
-    }
-
-    fn from_code(code: u8) -> Option<MessageKind> {
-        match code {
-            1 => Some(MessageKind::Endpoints),
-            2 => Some(MessageKind::Ready),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for MessageKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MessageKind::Endpoints => "ENDPOINTS",
-            MessageKind::Ready => "READY",
-        })
-    }
-}
-
-/// Which step an error happened in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Sending or receiving endpoint parameters.
-    Exchange,
-    /// Sending or waiting for the ready signal.
-    Sync,
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Phase::Exchange => "while exchanging endpoint parameters",
-            Phase::Sync => "while waiting for the ready signal",
-        })
-    }
-}
-
-/// Why a connection-management operation failed.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum CmError {
-    /// The listening socket could not be created or failed while accepting (address in use,
-    /// not a local address, out of file descriptors).
-    #[error("listening on {addr} failed: {source}")]
-    Listen {
-        /// The address listened on.
-        addr: SocketAddr,
-        /// What the OS said.
-        #[source]
-        source: io::Error,
-    },
-    /// Nothing listens at the address: the peer is not running yet, or the port is wrong.
-    #[error("connection to {addr} refused: is the peer listening there?")]
-    Refused {
-        /// The address connected to.
-        addr: SocketAddr,
-    },
-    /// The TCP connection was not established in time (host down, SYNs dropped).
-    #[error("could not connect to {addr} within {timeout:?}")]
-    ConnectTimeout {
-        /// The address connected to.
-        addr: SocketAddr,
-        /// The caller's timeout.
-        timeout: Duration,
-    },
-    /// The TCP connection failed for another reason (network unreachable, ...).
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        /// The address connected to.
-        addr: SocketAddr,
-        /// What the OS said.
-        #[source]
-        source: io::Error,
-    },
-    /// No peer connected before the timeout.
-    #[error("no peer connected to {local} within {timeout:?}")]
-    AcceptTimeout {
-        /// The address listened on.
-        local: SocketAddr,
-        /// The caller's timeout.
-        timeout: Duration,
-    },
-    /// The peer is connected but did not send (or did not take) a whole message in time.
-    #[error("peer {peer} did not answer within {timeout:?} {phase}")]
-    Timeout {
-        /// The peer.
-        peer: SocketAddr,
-        /// The caller's timeout.
-        timeout: Duration,
-        /// What was going on.
-        phase: Phase,
-    },
-    /// The peer closed or reset the connection, typically because it failed or gave up.
-    #[error("peer {peer} closed the connection {phase}")]
-    Closed {
-        /// The peer.
-        peer: SocketAddr,
-        /// What was going on.
-        phase: Phase,
-    },
-    /// Another socket error.
-    #[error("network error with peer {peer} {phase}: {source}")]
-    Io {
-        /// The peer.
-        peer: SocketAddr,
-        /// What was going on.
-        phase: Phase,
-        /// What the OS said.
-        #[source]
-        source: io::Error,
-    },
-    /// The peer does not speak this protocol at all.
-    #[error(
-        "peer {peer} does not speak ferroce CM: it sent {got:02x?} where \"FRCE\" was expected"
-    )]
-    BadMagic {
-        /// The peer.
-        peer: SocketAddr,
-        /// The four bytes received instead of the magic.
-        got: [u8; 4],
-    },
-    /// The peer speaks another version of this protocol.
-    #[error("peer {peer} speaks ferroce CM version {got}, this is version {supported}")]
-    Version {
-        /// The peer.
-        peer: SocketAddr,
-        /// The peer's version.
-        got: u8,
-        /// The version this side speaks.
-        supported: u8,
-    },
-    /// The peer sent a different kind of message than this step expects (for example one side
-    /// called `sync` while the other called `exchange`), or an unknown kind.
-    #[error("peer {peer} sent a message of kind {got} ({}), expected {expected}", kind_name(*.got))]
-    UnexpectedMessage {
-        /// The peer.
-        peer: SocketAddr,
-        /// The kind byte received.
-        got: u8,
-        /// The kind expected.
-        expected: MessageKind,
-    },
-    /// The header's entry count is out of range for its kind.
-    #[error("peer {peer} sent a {kind} message with {got} entries; allowed: {}", count_rule(*.kind))]
-    BadCount {
-        /// The peer.
-        peer: SocketAddr,
-        /// The message kind.
-        kind: MessageKind,
-        /// The count received.
-        got: u16,
-    },
-    /// The header's body length does not match its count.
-    #[error("peer {peer} sent a {kind} message with a {got}-byte body, expected {expected} bytes")]
-    BadLength {
-        /// The peer.
-        peer: SocketAddr,
-        /// The message kind.
-        kind: MessageKind,
-        /// The length received.
-        got: u32,
-        /// The length its count implies.
-        expected: u32,
-    },
-    /// The two sides sent different numbers of endpoints.
-    #[error(
-        "peer {peer} sent {remote} endpoints but this side sent {local}; both must send the same number"
-    )]
-    CountMismatch {
-        /// The peer.
-        peer: SocketAddr,
-        /// Endpoints this side sent.
-        local: usize,
-        /// Endpoints the peer sent.
-        remote: usize,
-    },
-    /// One of the peer's endpoint records is invalid.
-    #[error("peer {peer} sent an invalid endpoint #{index}: {problem}")]
-    InvalidPeerEndpoint {
-        /// The peer.
-        peer: SocketAddr,
-        /// Position of the record in the message, from 0.
-        index: usize,
-        /// What is wrong with it.
-        problem: EndpointProblem,
-    },
-    /// One of the caller's own endpoints is invalid; nothing was sent.
-    #[error("local endpoint #{index} is invalid: {problem}")]
-    InvalidLocalEndpoint {
-        /// Position in the caller's slice.
-        index: usize,
-        /// What is wrong with it.
-        problem: EndpointProblem,
-    },
-    /// The caller passed no endpoints or more than [`MAX_ENDPOINTS`]; nothing was sent.
-    #[error("{count} local endpoints given; 1 to {MAX_ENDPOINTS} can be exchanged")]
-    LocalCount {
-        /// The number given.
-        count: usize,
-    },
-}
-
-fn kind_name(code: u8) -> &'static str {
-    match MessageKind::from_code(code) {
-        Some(MessageKind::Endpoints) => "ENDPOINTS",
-        Some(MessageKind::Ready) => "READY",
-        None => "unknown",
-    }
-}
-
-fn count_rule(kind: MessageKind) -> &'static str {
-    match kind {
-        MessageKind::Endpoints => "1 to 1024",
-        MessageKind::Ready => "0",
-    }
-}
 
 /// A TCP listener waiting for peers to connect and exchange parameters.
 #[derive(Debug)]
@@ -819,58 +483,6 @@ impl Io<'_> {
     }
 }
 
-fn header(kind: MessageKind, count: u16, len: u32) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[0..4].copy_from_slice(&MAGIC);
-    h[4] = VERSION;
-    h[5] = kind.code();
-    h[6..8].copy_from_slice(&count.to_be_bytes());
-    h[8..12].copy_from_slice(&len.to_be_bytes());
-    h
-}
-
-/// Encodes a validated list (1..=MAX_ENDPOINTS entries, so the count fits in 16 bits and the
-/// length in 32).
-fn encode_endpoints(local: &[EndpointInfo]) -> Vec<u8> {
-    let count = local.len().min(MAX_ENDPOINTS);
-    let body_len = count * ENDPOINT_LEN;
-    let mut out = Vec::with_capacity(HEADER_LEN + body_len);
-    out.extend_from_slice(&header(
-        MessageKind::Endpoints,
-        count as u16,
-        body_len as u32,
-    ));
-    for e in &local[..count] {
-        encode_endpoint(e, &mut out);
-    }
-    out
-}
-
-fn encode_endpoint(e: &EndpointInfo, out: &mut Vec<u8>) {
-    let region = e.region.unwrap_or(RemoteRegion {
-        addr: 0,
-        rkey: 0,
-        len: 0,
-    });
-    let mut flags = if e.region.is_some() { FLAG_REGION } else { 0 };
-    if e.acks_unasked {
-        flags |= FLAG_ACKS_UNASKED;
-    }
-    out.extend_from_slice(&e.qpn.to_be_bytes());
-    out.extend_from_slice(&e.psn.value().to_be_bytes());
-    out.extend_from_slice(&e.gid.octets());
-    out.extend_from_slice(&e.udp_port.to_be_bytes());
-    // Every PathMtu is at most 4096, so the byte count fits in 16 bits.
-    out.extend_from_slice(&(e.mtu.bytes() as u16).to_be_bytes());
-    out.push(e.max_rd_atomic);
-    out.push(flags);
-    out.extend_from_slice(&[0; 2]);
-    out.extend_from_slice(&region.addr.to_be_bytes());
-    out.extend_from_slice(&region.len.to_be_bytes());
-    out.extend_from_slice(&region.rkey.to_be_bytes());
-    out.extend_from_slice(&[0; 4]);
-}
-
 /// Reads one message of kind `expected` through `fill` (which fills its buffer completely or
 /// fails) and returns its endpoints (none for `READY`).
 ///
@@ -942,77 +554,12 @@ fn read_message(
         .collect()
 }
 
-fn be16(r: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([r[at], r[at + 1]])
-}
-
-fn be32(r: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([r[at], r[at + 1], r[at + 2], r[at + 3]])
-}
-
-fn be64(r: &[u8], at: usize) -> u64 {
-    (u64::from(be32(r, at)) << 32) | u64::from(be32(r, at + 4))
-}
-
-/// Decodes one record; `r` is exactly [`ENDPOINT_LEN`] bytes (from `chunks_exact`).
-fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, EndpointProblem> {
-    let qpn = be32(r, 0);
-    let psn = be32(r, 4);
-    let mut gid = [0u8; 16];
-    gid.copy_from_slice(&r[8..24]);
-    let gid = Ipv6Addr::from(gid);
-    let udp_port = be16(r, 24);
-    let mtu = be16(r, 26);
-    let max_rd_atomic = r[28];
-    let flags = r[29];
-    let (addr, len, rkey) = (be64(r, 32), be64(r, 40), be32(r, 48));
-
-    if psn > PSN_MASK {
-        return Err(EndpointProblem::Psn(psn));
-    }
-    let mtu = PathMtu::from_bytes(u32::from(mtu)).map_err(|_| EndpointProblem::Mtu(mtu))?;
-    if flags & !(FLAG_REGION | FLAG_ACKS_UNASKED) != 0 {
-        return Err(EndpointProblem::Flags(flags));
-    }
-    if let Some(offset) = [30, 31, 52, 53, 54, 55].into_iter().find(|&o| r[o] != 0) {
-        return Err(EndpointProblem::Reserved(offset));
-    }
-    let region = if flags & FLAG_REGION != 0 {
-        Some(RemoteRegion { addr, rkey, len })
-    } else if addr != 0 || len != 0 || rkey != 0 {
-        return Err(EndpointProblem::StrayRegion);
-    } else {
-        None
-    };
-    let info = EndpointInfo {
-        qpn,
-        psn: Psn::new(psn),
-        gid,
-        udp_port,
-        mtu,
-        max_rd_atomic,
-        region,
-        acks_unasked: flags & FLAG_ACKS_UNASKED != 0,
-    };
-    // The remaining range checks are the same ones the sender applies to itself.
-    info.validate()?;
-    Ok(info)
-}
-
-fn gid_is_addressable(gid: Ipv6Addr) -> bool {
-    match gid.to_ipv4_mapped() {
-        Some(v4) => !v4.is_unspecified() && !v4.is_multicast() && !v4.is_broadcast(),
-        None => !gid.is_unspecified() && !gid.is_multicast(),
-    }
-}
-
-fn region_fits(addr: u64, len: u64) -> bool {
-    len == 0 || addr.checked_add(len - 1).is_some()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::endpoint::{gid_is_addressable, region_fits};
     use super::*;
+    use ferroce_wire::Psn;
+    use std::net::Ipv6Addr;
     use std::net::{Ipv4Addr, SocketAddrV4};
 
     fn peer() -> SocketAddr {

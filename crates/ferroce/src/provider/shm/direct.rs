@@ -11,10 +11,8 @@ use std::sync::Arc;
 use ferroce_proto::memory::AtomicOp;
 use ferroce_proto::{Access, QpState, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::context::ContextShared;
-use crate::mr::{apply_atomic, copy_bytes, MrInner};
-use crate::qp::QpCore;
-use crate::shm::PeerMemory;
+use super::PeerMemory;
+use crate::provider::{apply_atomic, copy_bytes, ContextShared, MrInner, QpCore};
 
 /// The local region a linked QP used last, with the region table's removal count when it was
 /// looked up: while that count holds, the key still names this region (`MrTable::removals`), so

@@ -34,9 +34,7 @@ use ferroce_proto::{Access, SendOp, SendWr, WcOpcode};
 
 use super::map::SharedMap;
 use super::{KeyTable, PeerMemory, QpPage};
-use crate::context::ContextShared;
-use crate::mr::MrInner;
-use crate::qp::QpShared;
+use crate::provider::{ContextShared, MrInner, QpShared};
 
 /// See the module doc. Its pointers point into objects it keeps alive itself (the regions'
 /// mappings, the peer's table and page) or that outlive the sender holding it (the QP and its
@@ -165,7 +163,7 @@ impl Shortcut {
                 && (*self.removals_word).load(Ordering::Acquire) == self.removals
                 && !(*self.revoked).load(Ordering::Acquire)
                 && (*self.seq_word).load(Ordering::Acquire) == self.seq
-                && super::state_serves((*self.peer_state).load(Ordering::Acquire))
+                && super::pages::state_serves((*self.peer_state).load(Ordering::Acquire))
                 && Access::from_bits((*self.peer_access).load(Ordering::Acquire)).contains(need)
                 && (*self.peer_pd).load(Ordering::Acquire) == self.remote_pd
         };

@@ -35,9 +35,9 @@ use std::sync::{Arc, RwLock};
 use ferroce_proto::memory::{Access, AtomicOp, KeyKind, Memory, MemoryError};
 use ferroce_proto::Sge;
 
-use crate::context::ContextInner;
+use super::context::ContextInner;
 use crate::error::{Error, Result};
-use crate::shm::map::SharedMap;
+use crate::provider::SharedMap;
 
 /// Where a region's bytes come from.
 #[derive(Debug)]

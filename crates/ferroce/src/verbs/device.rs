@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use ferroce_proto::PathMtu;
 
-use crate::context::{Context, ContextOptions};
+use super::context::{Context, ContextOptions};
 use crate::error::{Error, Result};
 
 /// One entry of a device's GID table.

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use ferroce_proto::{WcStatus, WorkCompletion};
 
-use crate::context::ContextInner;
+use super::context::ContextInner;
 use crate::error::{Error, Result};
-use crate::sys::{self, EventFd};
+use crate::os::{self, EventFd};
 
 const UNARMED: u8 = 0;
 const ARMED_ANY: u8 = 1;
@@ -48,7 +48,7 @@ impl CompletionChannel {
         if self.inner.efd.drain() > 0 {
             return Ok(true);
         }
-        sys::wait_readable(&[self.inner.efd.fd()], timeout)
+        os::wait_readable(&[self.inner.efd.fd()], timeout)
             .map_err(|e| Error::io("waiting for a completion event", e))?;
         Ok(self.inner.efd.drain() > 0)
     }

@@ -1,0 +1,120 @@
+//! The seam between the verbs layer and the providers: the one place where the two meet.
+//!
+//! ```text
+//!  verbs (crate::verbs)     Context, ProtectionDomain, MemoryRegion, CompletionQueue,
+//!    │                      QueuePair, QpSender, SharedReceiveQueue, and the state behind them
+//!    ▼
+//!  this seam                what each side may name of the other (below), nothing else
+//!    │
+//!    ├── engine             drives every QP's transport (ferroce-proto): receive, timers,
+//!    │                      transmit, completions; owns no socket and no ring
+//!    ├── udp                RoCE v2 packets over UDP: sockets, ICRC, GSO/GRO, captures
+//!    └── shm                same-host peers: packets through rings, one-sided operations
+//!                           straight into the peer's memory
+//! ```
+//!
+//! # What a provider is
+//! A provider moves a QP's bytes. Two ways exist, and a provider offers one or both:
+//! - **A packet path.** The engine makes the transport's packets and hands a batch of them,
+//!   all for one QP, to the provider that carries that QP ([`udp::transmit`],
+//!   [`shm::ring_send`]); the provider hands arriving packets back to the engine
+//!   ([`engine::hand_over`]) from its receive step ([`udp::receive`], [`shm::receive`]), which
+//!   the engine calls once per pass. The transport does the rest: PSNs, ACKs, retransmission,
+//!   completions.
+//! - **Direct one-sided access.** A provider that can reach the peer's memory itself (shared
+//!   memory can) does a WRITE, READ or atomic inside `post_send` ([`shm::direct`]) and returns
+//!   the completion, after the same checks (state, keys, protection domain, rights, bounds) the
+//!   peer's responder would make. A request it declines takes the packet path.
+//!
+//! Each object keeps one slot per provider: a context its [`udp::UdpPort`] and, unless shared
+//! memory is off, a [`shm::ShmHost`]; a QP its own sending socket and, likewise, a
+//! [`shm::ShmQp`]. With [`Provider::Auto`] each QP is carried by shared memory when its peer
+//! answers on this host at RTR, by UDP otherwise.
+//!
+//! # The rules of the seam
+//! - A provider names the verbs layer's state only through the re-exports below
+//!   ([`ContextShared`], [`QpShared`], [`QpCore`], a region's [`MrInner`] and the transport's
+//!   view of memory, [`EngineMemory`]): the state a NIC would hold for each object, never the
+//!   application's handles.
+//! - The verbs layer names a provider only through this module's items (`crate::provider::…`):
+//!   the [`Provider`] choice, the per-object slots, the engine's entry points (doorbell, inline
+//!   progress, the engine thread), and the shared-memory direct path.
+//! - A third provider (an AF_XDP socket, or a real NIC through the kernel's verbs) adds a
+//!   folder beside `udp/` and `shm/`, a slot in the objects it needs one in, and a branch where
+//!   the engine picks the packet path of a QP; the verbs layer does not change.
+//!
+//! Why not a trait object per provider: the shared-memory direct path is an 8-byte WRITE in
+//! about 60 ns, and the hot paths (a post, an engine pass) pick their provider with one
+//! predictable branch on a field; a virtual call and the indirection to a boxed slot on each
+//! would be a measurable part of that. The seam is a set of names and rules instead, and the
+//! compiler sees through it.
+
+pub(crate) mod engine;
+pub(crate) mod shm;
+pub(crate) mod udp;
+
+use std::str::FromStr;
+
+// ---- what providers may name of the verbs layer -------------------------------------------
+
+pub(crate) use crate::verbs::context::ContextShared;
+pub(crate) use crate::verbs::mr::{apply_atomic, copy_bytes, EngineMemory, MrInner};
+pub(crate) use crate::verbs::qp_core::{QpCore, QpShared};
+
+// ---- what the verbs layer may name of the providers ---------------------------------------
+
+pub(crate) use engine::{route_completions, DeferredAck, EngineState};
+pub(crate) use shm::map::SharedMap;
+pub(crate) use shm::{direct, shortcut, Link, PeerMemory, ShmHost, ShmQp};
+pub(crate) use udp::{QpSocket, UdpPort};
+
+/// Which provider moves a QP's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provider {
+    /// Shared memory when the peer is on this host (and in this network namespace), UDP
+    /// otherwise.
+    #[default]
+    Auto,
+    /// RoCE v2 over UDP always.
+    Udp,
+    /// Shared memory always: connecting a QP to a peer it cannot reach that way fails.
+    Shm,
+}
+
+impl Provider {
+    /// The provider the `FERROCE_PROVIDER` environment variable names (`auto`, `udp`, `shm`),
+    /// [`Provider::Auto`] when it is unset or empty.
+    pub fn from_env() -> std::result::Result<Provider, String> {
+        match std::env::var("FERROCE_PROVIDER") {
+            Ok(v) if !v.is_empty() => v.parse().map_err(|e| format!("FERROCE_PROVIDER: {e}")),
+            _ => Ok(Provider::Auto),
+        }
+    }
+
+    /// The name `FromStr` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Auto => "auto",
+            Provider::Udp => "udp",
+            Provider::Shm => "shm",
+        }
+    }
+}
+
+impl FromStr for Provider {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Provider, String> {
+        match s {
+            "auto" => Ok(Provider::Auto),
+            "udp" => Ok(Provider::Udp),
+            "shm" => Ok(Provider::Shm),
+            other => Err(format!("unknown provider {other:?} (auto, udp or shm)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

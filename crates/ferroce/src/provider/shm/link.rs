@@ -1,0 +1,199 @@
+//! A QP's link to its same-host peer: where it stands (off, pending, linked, broken), the
+//! peer's key table and QP page once linked, and the way into the peer's memory that one-sided
+//! operations use.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use ferroce_proto::Access;
+
+use super::direct;
+use super::map::SharedMap;
+use super::pages::{KeyTable, PublishedRegion, QpPage};
+use super::ring::Ring;
+
+/// The peer region a QP used last: what its key-table slot said, under which sequence number,
+/// and its mapping.
+#[derive(Debug)]
+pub(super) struct LastRegion {
+    pub(super) region: PublishedRegion,
+    pub(super) seq: u64,
+    pub(super) map: Arc<SharedMap>,
+}
+
+/// A linked QP's view of its peer.
+#[derive(Debug)]
+pub(crate) struct PeerLink {
+    /// The hello connection this side opened (wake-ups go down it).
+    pub(super) out: OwnedFd,
+    pub(super) pid: u32,
+    pub(super) table: Arc<KeyTable>,
+    pub(super) page: Arc<QpPage>,
+}
+
+/// A linked QP's way into its peer's memory, for one-sided operations done in `post_send`. A QP
+/// keeps one under its own lock (beside the transport's QP, see `qp::QpCore`), so such a post
+/// takes that one lock and nothing else, and each `QpSender` keeps one of its own, used without
+/// any lock. It is made from the [`PeerLink`] and remade when the link's generation moves on.
+#[derive(Debug)]
+pub(crate) struct PeerMemory {
+    /// The `ShmQp::generation` of the link it was made from.
+    pub(crate) generation: u64,
+    pub(super) pid: u32,
+    pub(super) table: Arc<KeyTable>,
+    pub(super) page: Arc<QpPage>,
+    /// Peer regions mapped so far, by key.
+    pub(super) regions: HashMap<u32, Arc<SharedMap>>,
+    /// The peer region used last (a stream of operations mostly names one rkey), so the common
+    /// case needs no hash lookup.
+    pub(super) last_region: Option<LastRegion>,
+    /// This side's region used last by a local SGE (see `direct`).
+    pub(crate) last_local: Option<direct::CachedLocal>,
+}
+
+/// Where a QP stands with the shared-memory provider.
+#[derive(Debug, Default)]
+pub(crate) enum Link {
+    /// Not connected over shm (UDP, or not yet at RTR).
+    #[default]
+    Off,
+    /// Our hello went out; the peer's has not arrived yet.
+    Pending { out: OwnedFd, peer_qpn: u32 },
+    /// Both hellos exchanged: packets go through rings, one-sided operations straight to memory.
+    Linked(Box<PeerLink>),
+    /// The peer went away: the QP was moved to ERR.
+    Broken,
+}
+
+/// The shm side of one QP.
+#[derive(Debug)]
+pub(crate) struct ShmQp {
+    pub page: QpPage,
+    pub link: Mutex<Link>,
+    /// Whether `link` is `Linked` (read without the lock on hot paths).
+    pub linked: AtomicBool,
+    /// Counts the links made, so a [`PeerMemory`] made from an earlier one is not used.
+    pub generation: std::sync::atomic::AtomicU64,
+}
+
+impl ShmQp {
+    pub(crate) fn new() -> io::Result<ShmQp> {
+        Ok(ShmQp {
+            page: QpPage::create()?,
+            link: Mutex::new(Link::Off),
+            linked: AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this QP is linked to the peer QP whose page has inode `page` (each QP's page is
+    /// a memfd of its own, so the inode names one peer QP, whatever its number: a QP reset and
+    /// connected again may well reach a peer with its old peer's number).
+    pub(crate) fn linked_to(&self, page: u64) -> bool {
+        matches!(&*self.lock(), Link::Linked(p) if p.page.map.inode() == page)
+    }
+}
+
+impl PeerLink {
+    /// The peer's inbound ring (where our packets go).
+    pub(crate) fn ring(&self) -> Ring {
+        self.page.ring()
+    }
+
+    /// Wakes the peer's engine if it sleeps.
+    pub(crate) fn wake(&self) {
+        if self.table.sleeping() {
+            let b = [1u8];
+            // SAFETY: sends one byte from a live buffer; a full socket already has wake-ups
+            // queued, so EAGAIN is fine.
+            let _ = unsafe {
+                libc::send(
+                    self.out.as_raw_fd(),
+                    b.as_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+        }
+    }
+
+    /// A fresh way into the peer's memory, stamped with the link's `generation`.
+    pub(crate) fn memory(&self, generation: u64) -> PeerMemory {
+        PeerMemory {
+            generation,
+            pid: self.pid,
+            table: self.table.clone(),
+            page: self.page.clone(),
+            regions: HashMap::new(),
+            last_region: None,
+            last_local: None,
+        }
+    }
+}
+
+impl PeerMemory {
+    /// The peer's region for `rkey`, checked against what an access through the peer QP needs:
+    /// the QP serves (RTR/RTS/SQD, with the right enabled), the key is current, in the QP's
+    /// protection domain, has the rights, and `addr..addr+len` lies inside it. Returns the
+    /// region's mapping and the offset of `addr` in it.
+    #[inline]
+    pub(crate) fn resolve(
+        &mut self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<(&SharedMap, usize)> {
+        let pd = self.page.serves(need)?;
+        // The common case: the key used last, its slot unchanged since (one load, where a
+        // full read of the slot is eight and a check of the number after them).
+        let current = self
+            .last_region
+            .as_ref()
+            .is_some_and(|l| l.region.key == rkey && self.table.seq_at_rest(rkey) == Some(l.seq));
+        if !current {
+            self.look_up(rkey)?;
+        }
+        let l = self.last_region.as_ref()?;
+        let off = l.region.admit(pd, need, addr, len)?;
+        Some((&l.map, off))
+    }
+
+    /// Reads the slot of `rkey` afresh and makes it the last region, with its mapping (made
+    /// now unless an earlier one is of the same region).
+    #[cold]
+    pub(super) fn look_up(&mut self, rkey: u32) -> Option<()> {
+        self.last_region = None;
+        let (r, seq) = self.table.lookup(rkey)?;
+        if r.fd < 0 {
+            return None;
+        }
+        // The slot's inode and length say whether a mapping made earlier is of this region.
+        let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
+        let map = match self.regions.get(&rkey).filter(|m| current(m)) {
+            Some(m) => m.clone(),
+            None => {
+                let m =
+                    Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?);
+                if self.regions.len() > 4096 {
+                    self.regions.clear();
+                }
+                self.regions.insert(rkey, m.clone());
+                m
+            }
+        };
+        self.last_region = Some(LastRegion {
+            region: r,
+            seq,
+            map,
+        });
+        Some(())
+    }
+}

@@ -1,0 +1,59 @@
+//! The shared-memory provider: same-host peers without UDP, and one-sided operations that run
+//! no code in the target process.
+//!
+//! # How it fits the verbs API
+//! Every context (unless the provider is forced to UDP) publishes two things on the host:
+//! - a **key table** in a memfd: for each registered region its key, protection domain,
+//!   access rights, address, length, and the number and inode of the memfd holding its bytes
+//!   (regions ferroce allocates live in memfds; see `mr`);
+//! - a **listener**: an abstract Unix socket named after the context's RoCE address
+//!   (`ferroce-shm/IP/PORT`). Abstract sockets live in the network namespace, so reaching it
+//!   proves the peer is on this host and in this network namespace (peers in other namespaces —
+//!   other "hosts" — keep using UDP).
+//!
+//! When a QP moves to RTR, it tries the listener of its destination address. If it answers, the
+//! QP sends a hello carrying its QP number, its process id, and — with `SCM_RIGHTS` — the
+//! descriptors of its context's key table and of its own **QP page** (its state, access flags,
+//! protection domain and an inbound packet ring). The peer does the same from its side; a QP
+//! whose own hello went out and whose peer's hello arrived is *linked*. With
+//! [`Provider::Auto`](crate::Provider::Auto) a QP whose destination has no listener uses UDP; [`Provider::Shm`](crate::Provider::Shm) makes
+//! that an error instead. A context that writes a packet capture uses UDP unless shm is forced,
+//! since a capture is asked for to see the wire.
+//!
+//! # What moves how
+//! - **WRITE, READ, COMPARE_SWAP, FETCH_ADD** on a linked QP whose send queue is idle are done
+//!   by the initiator itself, inside `post_send`: it checks the target QP's state and access
+//!   flags, the rkey in the target's key table, its protection domain, rights and bounds, maps
+//!   the target region's memfd the first time it uses the rkey (opening
+//!   `/proc/PID/fd/N` and checking the inode, so the target runs no code even then, and may be
+//!   stopped), and copies, or applies a CPU atomic to the shared page. The completion is
+//!   immediate.
+//! - Everything else takes the **packet path**: the RC transport runs exactly as over UDP, but
+//!   its packets go through the peer's inbound ring instead of a socket: SEND/RECV, WRITE with
+//!   immediate, requests on a QP with requests already under way (so completions and execution
+//!   stay in posting order), operations on regions the caller registered itself (their bytes
+//!   are not in a memfd), and any request a check refuses — the target's own responder then
+//!   refuses it with the IBTA status (remote access error, invalid request) and both QPs go to
+//!   ERR, exactly as on the wire. A refused request never touches memory.
+//! - A peer's engine that sleeps is woken by one byte on the hello connection; a peer process
+//!   that dies closes that connection, and the survivor's QP goes to ERR (flushing its work).
+
+//!
+//! # Files
+//! `pages` (the key table and QP page layouts), `host` (the listener and the hello exchange),
+//! `link` (a QP's link and its way into the peer's memory), `transfer` (the packet path through
+//! rings), `direct` and `shortcut` (one-sided operations inside `post_send`), `ring`, `map`.
+
+pub(crate) mod direct;
+mod host;
+mod link;
+pub(crate) mod map;
+mod pages;
+pub(crate) mod ring;
+pub(crate) mod shortcut;
+mod transfer;
+
+pub(crate) use host::ShmHost;
+pub(crate) use link::{Link, PeerMemory, ShmQp};
+pub(crate) use pages::{KeyTable, QpPage};
+pub(crate) use transfer::{receive, ring_room, ring_send};

@@ -1,0 +1,107 @@
+//! The packet path over shared memory: the transport's packets go into the peer QP's inbound
+//! ring instead of a socket, and come out of this QP's own ring into the engine. The ring is not
+//! a network: no ICRC is computed or checked, nothing is lost or reordered.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferroce_proto::Instant;
+use ferroce_wire::RocePacket;
+
+use super::{Link, ShmQp};
+use crate::provider::engine::hand_over;
+use crate::provider::{ContextShared, QpShared};
+
+/// How many packets of `len` bytes the linked peer's ring has room for now (0 when the QP is
+/// not linked): the engine makes a packet only when it can go, since one made and then dropped
+/// would wait for the retransmission timer.
+pub(crate) fn ring_room(shm: &ShmQp, len: usize) -> usize {
+    match &*shm.lock() {
+        Link::Linked(p) => p.ring().room_for(len),
+        _ => 0,
+    }
+}
+
+/// Puts packets into a linked peer's ring (room was checked before they were made) and wakes
+/// its engine if it sleeps. The ring is not a network: no ICRC is computed or checked.
+pub(crate) fn ring_send(shared: &ContextShared, shm: &ShmQp, bufs: &[Vec<u8>], lens: &[usize]) {
+    let link = shm.lock();
+    let Link::Linked(peer) = &*link else {
+        return;
+    };
+    let ring = peer.ring();
+    let mut bytes = 0;
+    let mut sent = 0;
+    for (b, &n) in bufs.iter().zip(lens) {
+        if ring.push(&b[..n]) {
+            sent += 1;
+            bytes += n;
+        } else {
+            // Cannot happen (room was checked); the transport's retransmission would cover it.
+            shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let c = &shared.counters;
+    c.tx_packets.fetch_add(sent, Ordering::Relaxed);
+    c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    peer.wake();
+}
+
+/// Most packets one pass takes from one QP's ring, so one busy QP cannot starve the rest.
+const SHM_RX_PER_QP: usize = 256;
+
+/// Serves the shared-memory side: hello connections (new links, wake-ups, peers that went
+/// away) and the inbound rings of linked QPs. Returns whether anything arrived.
+pub(crate) fn receive(
+    shared: &ContextShared,
+    qps: &[Arc<QpShared>],
+    buf: &mut [u8],
+    now: Instant,
+) -> bool {
+    let mut did = shared.poll_shm_host(now, false);
+    for qp in qps {
+        let Some(s) = qp.shm_linked() else { continue };
+        let ring = s.page.ring();
+        for _ in 0..SHM_RX_PER_QP {
+            match ring.pop(buf) {
+                Ok(Some(n)) => {
+                    did = true;
+                    let c = &shared.counters;
+                    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+                    c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    match RocePacket::new_checked(&buf[..n]) {
+                        Ok(pkt) => hand_over(shared, now, qp, &pkt, &buf[..n], None),
+                        Err(_) => {
+                            c.malformed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    // The peer broke the ring: nothing more from it can be trusted.
+                    shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    peer_gone(qp);
+                    did = true;
+                    break;
+                }
+            }
+        }
+    }
+    if did {
+        shared.work_pending.store(true, Ordering::Release);
+    }
+    did
+}
+
+/// A linked peer went away (or broke the ring): the QP goes to ERR, flushing its work; the
+/// completions leave in this pass's transmit step.
+pub(crate) fn peer_gone(qp: &QpShared) {
+    if let Some(s) = &qp.shm {
+        s.linked.store(false, Ordering::Release);
+        *s.lock() = Link::Broken;
+    }
+    let mut q = qp.qp.lock();
+    q.modify_to_error();
+    q.peer_memory = None;
+    qp.publish_state(&q);
+}

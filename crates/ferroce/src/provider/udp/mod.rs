@@ -1,0 +1,402 @@
+//! The RoCE v2 over UDP provider: real packets on a real network.
+//!
+//! A context has one socket bound to its RoCE address (port 4791 by default) on which every
+//! packet for any of its QPs arrives; each QP sends from a socket of its own, whose port is the
+//! QP's UDP source port (RoCE v2's ECMP entropy). The engine hands this provider a batch of one
+//! QP's packets to seal and send ([`transmit`]), and calls [`receive`] once per pass to read
+//! what arrived and hand it back ([`engine::hand_over`]).
+//!
+//! # Receive offload
+//! With UDP GRO on, the kernel hands over a run of same-size datagrams as one message, and only
+//! a control message says where to cut it; reading that takes `recvmsg`, ~70 ns more than
+//! `recvfrom` per look on an empty socket, and a busy-polling application looks all the time.
+//! So the socket starts without GRO, every look a `recvfrom`, and the provider asks for GRO the
+//! first time one read brings a run that GRO would have coalesced (a bulk transfer); from then
+//! on every read is a `recvmsg`. Without GRO the kernel cuts a coalesced arrival into datagrams
+//! before queueing it, so no read ever needs the control message it did not take.
+//!
+//! # Send offload
+//! A run of [`GSO_MIN_RUN`] or more equal-size packets of at least [`GSO_MIN_SEGMENT`] bytes
+//! (a WRITE or READ stream) leaves with one UDP GSO send; the rest with `sendmmsg`.
+//!
+//! # ICRC of received packets
+//! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader. A
+//! ferroce sender uses an unconnected socket with DF set, for which Linux sends Identification
+//! 0; the receiver verifies assuming 0. Packets from senders that vary the field (kernel rxe)
+//! fail that check and are counted as ICRC errors.
+
+mod capture;
+mod socket;
+mod sys;
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferroce_proto::Instant;
+use ferroce_wire::frame::UdpFrameHeaders;
+use ferroce_wire::{icrc, RocePacket};
+
+use self::capture::Capture;
+use self::sys::RecvBatch;
+pub(crate) use self::sys::{BATCH, MAX_DATAGRAM};
+use super::engine::hand_over;
+use crate::error::{Error, Result};
+use crate::provider::{ContextShared, QpShared};
+
+/// A context's side of the UDP provider: the socket every packet arrives on, and how sending
+/// goes.
+#[derive(Debug)]
+pub(crate) struct UdpPort {
+    pub socket: UdpSocket,
+    /// `FERROCE_PCAP`: every packet sent or received, as frames.
+    pub capture: Option<Capture>,
+    /// Whether UDP segmentation offload works for sending (cleared on the first refusal).
+    pub gso: AtomicBool,
+    /// Whether the receiver may ask for UDP GRO once bulk traffic arrives (see "Receive
+    /// offload"); `FERROCE_NO_GRO` says no.
+    pub gro_allowed: bool,
+}
+
+impl UdpPort {
+    /// Binds the context's RoCE socket to `addr` (port 0: any free one), non-blocking, and opens
+    /// the capture file if one is asked for.
+    pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>) -> Result<UdpPort> {
+        let socket = socket::bind(addr, 8 << 20)
+            .map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
+        Ok(UdpPort {
+            socket,
+            capture: capture.map(Capture::create).transpose()?,
+            gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
+            gro_allowed: std::env::var_os("FERROCE_NO_GRO").is_none(),
+        })
+    }
+
+    /// The address the socket is bound to.
+    pub(crate) fn local_addr(&self) -> Result<SocketAddr> {
+        self.socket
+            .local_addr()
+            .map_err(|e| Error::io("reading the RoCE socket's address", e))
+    }
+
+    /// The descriptor the engine thread sleeps on.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    /// Writes out what the capture holds.
+    pub(crate) fn flush(&self) {
+        if let Some(c) = &self.capture {
+            c.flush();
+        }
+    }
+}
+
+/// A QP's side of the UDP provider: the socket it sends from, so each QP has its own UDP
+/// source port.
+#[derive(Debug)]
+pub(crate) struct QpSocket {
+    socket: UdpSocket,
+    /// The socket's port: the QP's UDP source port.
+    pub port: u16,
+}
+
+impl QpSocket {
+    /// Binds a sending socket on `ip`, any free port. It stays unconnected, though it sends
+    /// only to the QP's peer: Linux gives datagrams with DF set from a connected socket an
+    /// incrementing IPv4 Identification, and the ICRC covers that field.
+    pub(crate) fn open(ip: IpAddr) -> Result<QpSocket> {
+        let socket = socket::bind(SocketAddr::new(ip, 0), 4 << 20)
+            .map_err(|e| Error::io("binding the QP's sending socket", e))?;
+        let port = socket
+            .local_addr()
+            .map_err(|e| Error::io("reading the QP's port", e))?
+            .port();
+        Ok(QpSocket { socket, port })
+    }
+
+    fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
+/// How often the socket is read while every QP of the context is linked over shared memory.
+const SHM_ONLY_UDP_POLL: Duration = Duration::from_micros(100);
+
+/// Most receive batches one engine pass takes before it serves the QPs.
+const MAX_RECV_BATCHES_PER_PASS: usize = 16;
+
+/// The receive side's buffers and memory across passes (the engine keeps it).
+pub(crate) struct UdpReceiver {
+    rx: RecvBatch,
+    /// When the socket was last read (ns on the context clock).
+    polled: u64,
+    /// Whether the last read of the socket got anything (the next reads a whole batch).
+    more: bool,
+    /// The QP the last datagram went to.
+    last_qp: LastQp,
+    /// Whether UDP GRO was asked for (see "Receive offload").
+    gro_asked: bool,
+}
+
+impl UdpReceiver {
+    pub(crate) fn new() -> UdpReceiver {
+        UdpReceiver {
+            rx: RecvBatch::new(),
+            polled: 0,
+            more: false,
+            last_qp: LastQp::default(),
+            gro_asked: false,
+        }
+    }
+
+    /// Lets go of the QP it remembers (the context's set of QPs changed): a destroyed QP's
+    /// socket and memory go now, not at the next datagram.
+    pub(crate) fn forget_qps(&mut self) {
+        self.last_qp = LastQp::default();
+    }
+}
+
+/// Reads what waits on the context's socket and hands every packet that checks out to its QP.
+/// Returns whether anything arrived.
+pub(crate) fn receive(
+    shared: &ContextShared,
+    r: &mut UdpReceiver,
+    qps: &[Arc<QpShared>],
+    now: Instant,
+) -> bool {
+    let mut did = false;
+    let fd = shared.udp.fd();
+    // When every QP is linked over shared memory, the socket carries only strays: look at it
+    // every SHM_ONLY_UDP_POLL, not in every pass (each look is a system call, paid in every
+    // empty CQ poll of a busy-polling application).
+    let due = qps.is_empty()
+        || qps.iter().any(|q| q.shm_linked().is_none())
+        || now.as_nanos().saturating_sub(r.polled) >= SHM_ONLY_UDP_POLL.as_nanos() as u64;
+    if !due {
+        return false;
+    }
+    r.polled = now.as_nanos();
+    // A flood (or a hostile sender) must not keep a pass receiving forever: after this many
+    // batches the QPs get their turn (timers, sends, ACKs), and the next pass reads on.
+    for _batch in 0..MAX_RECV_BATCHES_PER_PASS {
+        // A receive error on a UDP socket (an ICMP error from an earlier send) is not ours
+        // to handle: the transport's retransmission covers whatever it cost.
+        // A socket that was empty at the last look most likely holds one datagram now (a
+        // ping-pong's): asking for one returns with it at once, where a batch read would first
+        // try for a second and find the queue empty. After a datagram, read whole batches.
+        let asked = if r.more { BATCH } else { 1 };
+        let n = r.rx.recv(fd, asked).unwrap_or_default();
+        r.more = n > 0;
+        if n == 0 {
+            break;
+        }
+        did = true;
+        for i in 0..n {
+            if let Some((bytes, from, seg)) = r.rx.get(i) {
+                if bytes.is_empty() {
+                    // An empty datagram: `chunks` would yield nothing, leaving it uncounted.
+                    deliver(shared, &mut r.last_qp, now, bytes, from);
+                }
+                // GRO hands several same-size datagrams over as one message.
+                for datagram in bytes.chunks(seg.max(1)) {
+                    deliver(shared, &mut r.last_qp, now, datagram, from);
+                }
+            } else {
+                // A sender address of a family the socket cannot have: nothing to answer.
+                let c = &shared.counters;
+                c.rx_packets.fetch_add(1, Ordering::Relaxed);
+                c.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if n > 1 && !r.gro_asked && shared.udp.gro_allowed && bulk_arrived(&r.rx, n) {
+            r.gro_asked = true;
+            r.rx.enable_coalescing(fd);
+        }
+        // A lone datagram taken after an empty look is most likely what an application
+        // waits for: it goes to its QP now, and the batch read that follows waits for the
+        // next pass (here it cost a system call between the arrival and the application).
+        if n < asked || asked == 1 {
+            break;
+        }
+    }
+    did
+}
+
+/// Seals `k` packets of `qp` (each one's ICRC), records them in the capture, and sends them in
+/// order to `peer` from the QP's own socket; counts what left.
+pub(crate) fn transmit(
+    shared: &ContextShared,
+    qp: &QpShared,
+    peer: SocketAddr,
+    bufs: &mut [Vec<u8>],
+    lens: &[usize],
+) {
+    let src = SocketAddr::new(shared.local.ip(), qp.udp.port);
+    let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
+    h.dst_port = peer.port();
+    for (buf, &n) in bufs.iter_mut().zip(lens) {
+        let buf = &mut buf[..n];
+        if let Ok(hdrs) = h.icrc_headers(n) {
+            if let Ok(crc) = icrc::compute(hdrs.ip(), hdrs.udp(), &buf[..n - 4]) {
+                RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
+            }
+        }
+        if let Some(c) = &shared.udp.capture {
+            c.record(src, peer, buf);
+        }
+    }
+    let k = lens.len();
+    let bytes: usize = lens.iter().sum();
+    let c = &shared.counters;
+    match send_all(shared, qp.udp.fd(), &peer, bufs, lens) {
+        Ok(sent) => {
+            c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+            c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            if sent < k {
+                // The rest is recovered by the transport's retransmission, like a drop.
+                c.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Err(_) => {
+            c.send_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Checks one datagram and hands it to its QP.
+fn deliver(
+    shared: &ContextShared,
+    last_qp: &mut LastQp,
+    now: Instant,
+    bytes: &[u8],
+    from: SocketAddr,
+) {
+    let c = &shared.counters;
+    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+    c.rx_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    let Ok(pkt) = RocePacket::new_checked(bytes) else {
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let mut h = UdpFrameHeaders::roce(from.ip(), from.port(), shared.local.ip());
+    h.dst_port = shared.local.port();
+    let ok = h
+        .icrc_headers(bytes.len())
+        .ok()
+        .and_then(|hdrs| icrc::verify(hdrs.ip(), hdrs.udp(), pkt.covered(), pkt.icrc()).ok())
+        .unwrap_or(false);
+    if let Some(cap) = &shared.udp.capture {
+        cap.record(from, shared.local, bytes);
+    }
+    if !ok {
+        c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let qpn = pkt.bth().dest_qpn();
+    let Some(qp) = last_qp.get(shared, qpn) else {
+        c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    hand_over(shared, now, qp, &pkt, bytes, Some(from.ip()));
+}
+
+/// The QP the last datagram went to, kept while the context's set of QPs is unchanged: a
+/// stream or a ping-pong finds its QP without the table's lock or a reference count.
+#[derive(Debug, Default)]
+struct LastQp {
+    /// `qps_generation` when `qp` was looked up.
+    generation: u64,
+    qp: Option<Arc<QpShared>>,
+}
+
+impl LastQp {
+    fn get(&mut self, shared: &ContextShared, qpn: u32) -> Option<&Arc<QpShared>> {
+        let generation = shared.qps_generation.load(Ordering::Acquire);
+        let hit = generation == self.generation && self.qp.as_ref().is_some_and(|q| q.qpn == qpn);
+        if !hit {
+            // The generation is read before the lookup: a QP destroyed after it moves the
+            // generation on, and the next packet looks again.
+            self.qp = shared.qp(qpn);
+            self.generation = generation;
+        }
+        self.qp.as_ref()
+    }
+}
+/// Sends the packets in order to `dest`: runs of equal-size packets with one GSO send each
+/// (where the kernel has UDP segmentation offload), the others with `sendmmsg`.
+fn send_all(
+    shared: &ContextShared,
+    fd: std::os::fd::RawFd,
+    dest: &SocketAddr,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+) -> std::io::Result<usize> {
+    let k = lens.len();
+    if !shared.udp.gso.load(Ordering::Relaxed) {
+        return sys::send_batch(fd, bufs, lens, dest);
+    }
+    let mut i = 0;
+    let mut sent = 0;
+    while i < k {
+        // Segmentation offload pays for runs of large packets (a WRITE or READ stream); a few
+        // small ones (a ping-pong's request and ACK) go faster through sendmmsg.
+        let run = sys::gso_run(&lens[i..k]);
+        if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
+            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], dest) {
+                Ok(n) => sent += n,
+                Err(e) => {
+                    // No GSO here (or not for this socket): fall back for good. A passing
+                    // condition (no route during a link flap, a full queue) is no reason to.
+                    let unsupported = matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    );
+                    if unsupported {
+                        shared.udp.gso.store(false, Ordering::Relaxed);
+                    }
+                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], dest)?;
+                }
+            }
+            i += run;
+        } else {
+            let mut j = i + 1;
+            while j < k && !(sys::gso_run(&lens[j..k]) >= GSO_MIN_RUN && lens[j] >= GSO_MIN_SEGMENT)
+            {
+                j += 1;
+            }
+            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], dest)?;
+            i = j;
+        }
+    }
+    Ok(sent)
+}
+/// Whether the last read brought a run of datagrams that receive offload would have
+/// coalesced: [`GSO_MIN_RUN`] or more in a row of one length, at least [`GSO_MIN_SEGMENT`].
+fn bulk_arrived(rx: &RecvBatch, n: usize) -> bool {
+    let mut run = 0;
+    let mut last = 0;
+    for i in 0..n {
+        let Some((bytes, _, seg)) = rx.get(i) else {
+            run = 0;
+            continue;
+        };
+        let len = bytes.len().min(seg);
+        run = if len == last { run + 1 } else { 1 };
+        last = len;
+        if len >= GSO_MIN_SEGMENT && run >= GSO_MIN_RUN {
+            return true;
+        }
+    }
+    false
+}
+/// The shortest run of packets worth one GSO send.
+const GSO_MIN_RUN: usize = 3;
+/// The smallest packet worth segmentation offload.
+const GSO_MIN_SEGMENT: usize = 512;

@@ -1,0 +1,319 @@
+//! Contexts (an opened device) and protection domains.
+
+use std::collections::HashMap;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use ferroce_proto::Counters;
+
+use super::counters::{ContextCounters, EngineCounters};
+use super::cq::{CompletionChannel, CompletionQueue};
+use super::device::{Device, Gid};
+use super::mr::MrTable;
+use super::pd::ProtectionDomain;
+use super::qp_core::QpShared;
+use crate::error::{Error, Result};
+use crate::os::EventFd;
+use crate::provider::{engine, EngineState, Provider, ShmHost, UdpPort};
+
+/// How a device is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextOptions {
+    /// Which GID (address) of the device to use.
+    pub gid_index: usize,
+    /// The UDP port this context's RoCE socket listens on: 4791 by default; another port (or 0
+    /// for any free one) lets several unprivileged processes share a host.
+    pub port: u16,
+    /// Write every packet to this pcap file (default: the `FERROCE_PCAP` environment variable).
+    pub capture: Option<PathBuf>,
+    /// Which provider QPs of this context use (default: the `FERROCE_PROVIDER` environment
+    /// variable, else [`Provider::Auto`]: shared memory to peers on this host, UDP to others).
+    /// A context that writes a capture uses UDP unless shared memory is forced: a capture is
+    /// asked for to see the packets.
+    pub provider: Provider,
+}
+
+impl Default for ContextOptions {
+    fn default() -> ContextOptions {
+        ContextOptions {
+            gid_index: 0,
+            port: ferroce_wire::ROCE_V2_UDP_PORT,
+            capture: std::env::var_os("FERROCE_PCAP")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            provider: Provider::from_env().unwrap_or_default(),
+        }
+    }
+}
+
+impl ContextOptions {
+    /// The defaults with another UDP port.
+    pub fn with_port(port: u16) -> ContextOptions {
+        ContextOptions {
+            port,
+            ..ContextOptions::default()
+        }
+    }
+}
+
+/// Everything the engine thread and the handles share.
+#[derive(Debug)]
+pub(crate) struct ContextShared {
+    pub device: Device,
+    pub gid: Gid,
+    pub local: SocketAddr,
+    pub mrs: MrTable,
+    pub qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    pub qps_generation: AtomicU64,
+    pub doorbell_fd: EventFd,
+    pub sleeping: AtomicBool,
+    pub shutdown: AtomicBool,
+    /// Until when (ns since `epoch`) an application thread is driving progress itself.
+    pub app_polling_until: AtomicU64,
+    pub epoch: std::time::Instant,
+    pub engine: Mutex<EngineState>,
+    /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
+    pub work_pending: AtomicBool,
+    pub counters: EngineCounters,
+    /// The transport counters of destroyed QPs, summed.
+    pub retired_qp_counters: Mutex<Counters>,
+    /// The UDP provider's side: the RoCE socket every packet arrives on.
+    pub udp: UdpPort,
+    /// The shared-memory provider's side (absent when the provider is UDP).
+    pub shm: Option<ShmHost>,
+    pub(super) next_qpn: AtomicU32,
+    pub(super) next_pd: AtomicU32,
+}
+
+impl ContextShared {
+    /// The QP numbered `qpn`, if it is alive.
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned()
+    }
+
+    /// The QPs of the context now (a snapshot, so no lock is held while they are visited).
+    pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        let gone = self
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
+        self.qps_generation.fetch_add(1, Ordering::AcqRel);
+        if let Some(qp) = gone {
+            // Whatever the engine still counts for it in a pass already under way is lost; a
+            // packet that arrives from now on counts as for an unknown QPN.
+            let core = qp.qp.lock();
+            let c = *core.counters();
+            self.counters
+                .direct_ops
+                .fetch_add(core.direct_ops, Ordering::Relaxed);
+            drop(core);
+            self.retired_qp_counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(&c);
+        }
+    }
+}
+
+/// Owns the engine thread: when the last handle (context, PD, MR, CQ, QP) goes, it stops it.
+#[derive(Debug)]
+pub(crate) struct ContextInner {
+    pub shared: Arc<ContextShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.doorbell_fd.notify();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        self.shared.udp.flush();
+    }
+}
+
+/// An opened device: one UDP socket, one engine thread, and the objects created from it.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl Context {
+    pub(crate) fn open(device: &Device, options: &ContextOptions) -> Result<Context> {
+        let gid = *device.gids().get(options.gid_index).ok_or_else(|| {
+            Error::NoDevice(format!(
+                "{} has no GID index {}",
+                device.name(),
+                options.gid_index
+            ))
+        })?;
+        let addr = SocketAddr::new(gid.ip, options.port);
+        let udp = UdpPort::open(addr, options.capture.as_deref())?;
+        let local = udp.local_addr()?;
+        let provider = match options.provider {
+            Provider::Auto if udp.capture.is_some() => Provider::Udp,
+            p => p,
+        };
+        let shm = match provider {
+            Provider::Udp => None,
+            p => Some(
+                ShmHost::open(p, local)
+                    .map_err(|e| Error::io(format!("publishing {local} for same-host peers"), e))?,
+            ),
+        };
+        let shared = Arc::new(ContextShared {
+            device: device.clone(),
+            gid,
+            local,
+            mrs: MrTable::default(),
+            qps: RwLock::new(HashMap::new()),
+            qps_generation: AtomicU64::new(0),
+            doorbell_fd: EventFd::new().map_err(|e| Error::io("creating the doorbell", e))?,
+            sleeping: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            app_polling_until: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            engine: Mutex::new(EngineState::new()),
+            work_pending: AtomicBool::new(true),
+            counters: EngineCounters::default(),
+            retired_qp_counters: Mutex::new(Counters::default()),
+            udp,
+            shm,
+            next_qpn: AtomicU32::new(0x11),
+            next_pd: AtomicU32::new(1),
+        });
+        let for_thread = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("ferroce-engine-{}", local.port()))
+            .spawn(move || engine::run(for_thread))
+            .map_err(|e| Error::io("starting the engine thread", e))?;
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The device this context was opened on.
+    pub fn device(&self) -> &Device {
+        &self.inner.shared.device
+    }
+
+    /// The GID peers address this context by.
+    pub fn gid(&self) -> Ipv6Addr {
+        self.inner.shared.gid.gid
+    }
+
+    /// The provider this context's QPs use ([`Provider::Auto`] picks per QP).
+    pub fn provider(&self) -> Provider {
+        self.inner
+            .shared
+            .shm
+            .as_ref()
+            .map_or(Provider::Udp, |h| h.provider)
+    }
+
+    /// The address and UDP port of this context's RoCE socket.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.shared.local
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let id = self.inner.shared.next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(ProtectionDomain {
+            id,
+            ctx: self.inner.clone(),
+        })
+    }
+
+    /// Creates a completion channel.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new()
+    }
+
+    /// Creates a completion queue of `capacity` entries, optionally tied to a channel.
+    pub fn create_cq(
+        &self,
+        capacity: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "a completion queue needs at least one entry".into(),
+            ));
+        }
+        Ok(CompletionQueue::new(self.inner.clone(), capacity, channel))
+    }
+
+    /// Drives the engine once from the calling thread (receive, timers, transmit, completions);
+    /// returns whether anything happened. Polling an empty CQ does this already.
+    pub fn progress(&self) -> bool {
+        self.inner.shared.progress_inline()
+    }
+
+    /// The context's counters: its packet path and the sum over all its QPs, destroyed ones
+    /// included (see [`ContextCounters`]).
+    pub fn counters(&self) -> ContextCounters {
+        let shared = &self.inner.shared;
+        let mut qps = *shared
+            .retired_qp_counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let c = &shared.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut direct_ops = l(&c.direct_ops);
+        for qp in shared.live_qps() {
+            let core = qp.qp.lock();
+            qps.add(core.counters());
+            direct_ops += core.direct_ops;
+        }
+        ContextCounters {
+            rx_packets: l(&c.rx_packets),
+            tx_packets: l(&c.tx_packets),
+            rx_bytes: l(&c.rx_bytes),
+            tx_bytes: l(&c.tx_bytes),
+            icrc_errors: l(&c.icrc_errors),
+            malformed: l(&c.malformed),
+            unknown_qpn: l(&c.unknown_qpn),
+            wrong_source: l(&c.wrong_source),
+            send_errors: l(&c.send_errors),
+            direct_ops,
+            qps,
+        }
+    }
+
+    /// Memory regions registered now.
+    pub fn memory_region_count(&self) -> usize {
+        self.inner.shared.mrs.len()
+    }
+
+    /// Queue pairs alive now.
+    pub fn queue_pair_count(&self) -> usize {
+        self.inner
+            .shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+}

@@ -1,0 +1,93 @@
+//! Protection domains: the objects they create and the rule that only objects of one domain
+//! reach each other.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ferroce_proto::{Access, QpCaps};
+
+use super::context::ContextInner;
+use super::mr::{MemoryRegion, MrInner};
+use super::qp::{QpInitAttr, QueuePair};
+use super::qp_core::{CoreLock, QpCore, QpShared};
+use super::srq::SharedReceiveQueue;
+use crate::error::{Error, Result};
+use crate::provider::{QpSocket, ShmQp};
+
+/// A protection domain: memory regions and queue pairs of one domain only reach each other.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    pub(super) id: u32,
+    pub(super) ctx: Arc<ContextInner>,
+}
+
+impl ProtectionDomain {
+    /// Allocates and registers `len` zeroed, page-aligned bytes with the given rights.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        let inner = MrInner::map(len, access, self.id)?;
+        MemoryRegion::new(inner, self.ctx.clone())
+    }
+
+    /// Registers memory the caller owns.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes for as long as the returned region
+    /// (or any work request naming it) lives, and must not be read or written by the caller in
+    /// any other way meanwhile — not even through a shared reference — because a peer or the
+    /// engine may write it at any moment. Only access it through the region's `read`/`write`.
+    pub unsafe fn register_raw(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: the caller's contract is the one `MrInner::borrowed` requires.
+        let inner = unsafe { MrInner::borrowed(ptr, len, access, self.id) };
+        MemoryRegion::new(inner, self.ctx.clone())
+    }
+
+    /// Creates a shared receive queue.
+    pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> Result<SharedReceiveQueue> {
+        Ok(SharedReceiveQueue::new(max_wr, max_sge))
+    }
+
+    /// Creates an RC queue pair in the RESET state.
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let shared = &self.ctx.shared;
+        if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx)
+        {
+            return Err(Error::Mismatch("a completion queue"));
+        }
+        let caps: QpCaps = attr.caps;
+        let qpn = shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let udp = QpSocket::open(shared.local.ip())?;
+        let qp = Arc::new(QpShared {
+            qpn,
+            qp: CoreLock::new(QpCore::new(ferroce_proto::QueuePair::new(
+                qpn, self.id, caps,
+            ))),
+            send_cq: attr.send_cq.inner.clone(),
+            recv_cq: attr.recv_cq.inner.clone(),
+            srq: attr.srq.map(|s| s.inner.clone()),
+            udp,
+            last_request_tx: AtomicU64::new(0),
+            shm: match &shared.shm {
+                Some(_) => {
+                    Some(ShmQp::new().map_err(|e| Error::io("creating the QP's shared page", e))?)
+                }
+                None => None,
+            },
+        });
+        shared
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, qp.clone());
+        shared.qps_generation.fetch_add(1, Ordering::AcqRel);
+        Ok(QueuePair {
+            shared: qp,
+            ctx: self.ctx.clone(),
+        })
+    }
+}

@@ -1,0 +1,389 @@
+//! Reliable-connection queue pairs of the verbs API.
+//!
+//! A [`QueuePair`] wraps the transport's [`ferroce_proto::QueuePair`] behind a lock shared with
+//! the engine (see `qp_core`): posting is a call on the transport (so errors come back at once,
+//! as from `ibv_post_send`) followed by a doorbell, which transmits inline when the engine is
+//! free. A request a same-host peer's memory can take directly is done inside the post
+//! (`provider::shm::direct`).
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferroce_proto::{InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
+
+use super::context::ContextInner;
+use super::cq::CompletionQueue;
+use super::device::ip_of;
+use super::qp_core::QpShared;
+use super::sender::{QpSender, SendRequest};
+use super::srq::SharedReceiveQueue;
+use crate::error::{Error, Result};
+use crate::provider::{direct, route_completions, Link, Provider};
+
+/// How a QP is created.
+#[derive(Debug)]
+pub struct QpInitAttr<'a> {
+    /// Where send completions go.
+    pub send_cq: &'a CompletionQueue,
+    /// Where receive completions go.
+    pub recv_cq: &'a CompletionQueue,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// A shared receive queue to take receive requests from instead of the QP's own.
+    pub srq: Option<&'a SharedReceiveQueue>,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// The common case: one CQ for both send and receive completions, the QP's own receive
+    /// queue.
+    pub fn new(cq: &'a CompletionQueue, caps: QpCaps) -> QpInitAttr<'a> {
+        QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            caps,
+            srq: None,
+        }
+    }
+}
+
+/// A reliable-connection queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    pub(crate) shared: Arc<QpShared>,
+    pub(crate) ctx: Arc<ContextInner>,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    /// The UDP source port this QP sends from.
+    pub fn udp_src_port(&self) -> u16 {
+        self.shared.udp.port
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut ferroce_proto::QueuePair) -> T) -> T {
+        let mut q = self.shared.qp.lock();
+        let r = f(&mut q);
+        self.shared.publish_state(&q);
+        r
+    }
+
+    /// The provider moving this QP's bytes: `Shm` once linked to a same-host peer (at RTR).
+    pub fn provider(&self) -> Provider {
+        match &self.shared.shm {
+            Some(s) if !matches!(*s.lock(), Link::Off) => Provider::Shm,
+            _ => Provider::Udp,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.with(|q| q.state())
+    }
+
+    /// The transport's counters for this QP.
+    pub fn counters(&self) -> ferroce_proto::Counters {
+        self.with(|q| *q.counters())
+    }
+
+    /// The next PSN this QP will use (to tell the peer, before RTS it is the initial PSN).
+    pub fn next_send_psn(&self) -> ferroce_wire::Psn {
+        self.with(|q| q.next_send_psn())
+    }
+
+    /// RESET → INIT.
+    pub fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        Ok(self.with(|q| q.modify_to_init(attr))?)
+    }
+
+    /// INIT → RTR, with the peer on the standard RoCE v2 port 4791.
+    pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        self.modify_to_rtr_with_port(attr, ferroce_wire::ROCE_V2_UDP_PORT)
+    }
+
+    /// INIT → RTR, with the peer's RoCE socket on `dest_udp_port` (ferroce lets several
+    /// unprivileged processes share a host, each on its own port).
+    pub fn modify_to_rtr_with_port(&self, attr: &RtrAttr, dest_udp_port: u16) -> Result<()> {
+        let peer_ip = ip_of(attr.dest_gid);
+        let local_ip = self.ctx.shared.local.ip();
+        if matches!(
+            (peer_ip, local_ip),
+            (IpAddr::V4(_), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(_))
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "peer GID {} and local address {local_ip} are of different IP families",
+                attr.dest_gid
+            )));
+        }
+        let dest = SocketAddr::new(peer_ip, dest_udp_port);
+        // The QP's socket stays unconnected, though it sends only to its peer: Linux gives
+        // datagrams with DF set from a connected socket an incrementing IPv4 Identification,
+        // and the ICRC covers that field — the packets would leave with ICRCs computed for
+        // Identification 0 (all ferroce can know), which a real RoCE peer rejects.
+        {
+            let mut core = self.shared.qp.lock();
+            core.modify_to_rtr(attr)?;
+            core.peer = Some(dest);
+            self.shared.publish_state(&core);
+        }
+        if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
+            let linked = host
+                .start_link(shm, self.shared.qpn, dest, attr.dest_qpn)
+                .map_err(|e| Error::io(format!("reaching {dest} through shared memory"), e))?;
+            if !linked && host.provider == Provider::Shm {
+                return Err(Error::InvalidArgument(format!(
+                    "no ferroce context at {dest} on this host to reach through shared memory \
+                     (provider shm is forced)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// RTR → RTS.
+    pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        self.with(|q| q.modify_to_rts(attr))?;
+        Ok(())
+    }
+
+    /// Any state → ERR: outstanding work completes with the flush status.
+    pub fn modify_to_error(&self) {
+        self.with(|q| q.modify_to_error());
+        self.ctx.shared.doorbell(&self.shared);
+    }
+
+    /// Any state → RESET.
+    pub fn reset(&self) {
+        {
+            let mut core = self.shared.qp.lock();
+            core.reset();
+            // Let go of the peer's mappings now rather than at the next link.
+            core.peer_memory = None;
+            core.peer = None;
+            core.held_ack = None;
+            self.shared.publish_state(&core);
+        }
+        if let Some(shm) = &self.shared.shm {
+            shm.linked.store(false, Ordering::Release);
+            *shm.lock() = Link::Off;
+        }
+    }
+
+    /// Posts a send work request (`wr` or `&wr`, see [`SendRequest`]) and rings the doorbell.
+    pub fn post_send<'a>(&self, wr: impl SendRequest<'a>) -> Result<()> {
+        self.post_request(wr.into_request())
+    }
+
+    pub(super) fn post_request(&self, wr: Cow<'_, SendWr>) -> Result<()> {
+        if self.post_one(wr)? {
+            self.ctx.shared.doorbell(&self.shared);
+        }
+        Ok(())
+    }
+
+    /// A handle that posts to this QP from one thread at a time (it posts through `&mut`),
+    /// and so may skip the QP's lock: see [`QpSender`].
+    pub fn sender(&self) -> QpSender<'_> {
+        let (caps, pd) = self.with(|q| (q.caps(), q.pd()));
+        QpSender {
+            qp: self,
+            caps,
+            pd,
+            peer: None,
+            shortcut: None,
+            last_direct: None,
+            direct_ops: 0,
+        }
+    }
+
+    /// Posts several send work requests with one doorbell; stops at the first refused one.
+    pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
+        let r = if self.shared.shm_linked().is_some() {
+            let mut queued = false;
+            let r = wrs
+                .into_iter()
+                .try_for_each(|wr| self.post_one(Cow::Owned(wr)).map(|q| queued |= q));
+            if queued {
+                self.ctx.shared.doorbell(&self.shared);
+            }
+            return r;
+        } else {
+            self.with(|q| wrs.into_iter().try_for_each(|wr| q.post_send(wr)))
+        };
+        self.ctx.shared.doorbell(&self.shared);
+        Ok(r?)
+    }
+
+    /// Tells the QP whether its peer acknowledges requests that do not ask for an ACK, as
+    /// ferroce does ([`crate::cm::EndpointInfo::acks_unasked`]; [`QueuePair::connect`] sets it
+    /// from the exchange). Then unsignaled SENDs and WRITEs mostly leave the AckReq bit clear
+    /// and the peer acknowledges several at once: over UDP, a ping-pong of unsignaled WRITEs
+    /// costs one datagram per message instead of two. Leave it off (the default) for a peer
+    /// that acknowledges only what asks, such as Linux rxe. See
+    /// `ferroce_proto::QueuePair::set_peer_acks_unasked` for what still asks.
+    pub fn set_peer_acks_unasked(&self, on: bool) {
+        self.shared.qp.lock().set_peer_acks_unasked(on);
+    }
+
+    /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
+    /// queues it for the transport; returns whether it was queued (a doorbell is due).
+    fn post_one(&self, wr: Cow<'_, SendWr>) -> Result<bool> {
+        if let Some(shm) = &self.shared.shm {
+            let linked = shm.linked.load(Ordering::Acquire);
+            if !linked && matches!(*shm.lock(), Link::Pending { .. }) {
+                // The peer's hello is most likely waiting in the socket already (it left
+                // before the peer reported RTS): take it now rather than at the engine's next
+                // look, so the request goes straight to the peer's memory.
+                let shared = &self.ctx.shared;
+                shared.poll_shm_host(shared.now(), true);
+            }
+        }
+        if let Some(shm) = self.shared.shm_linked() {
+            let mut q = self.shared.qp.lock();
+            let generation = shm.generation.load(Ordering::Acquire);
+            if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
+                q.peer_memory = match &*shm.lock() {
+                    Link::Linked(peer) => Some(peer.memory(generation)),
+                    _ => None,
+                };
+            }
+            if let Some(wc) = direct::execute(&self.ctx.shared, &mut q, &wr) {
+                q.direct_ops += 1;
+                // Completions of earlier requests the transport finished but the engine has
+                // not delivered yet go first: the CQ sees posting order. All of it under the
+                // QP's lock, as the engine delivers.
+                match q.poll_completion() {
+                    // The common case, without building a list.
+                    None => {
+                        if wr.flags.signaled {
+                            self.shared.send_cq.push(&[wc]);
+                        }
+                    }
+                    Some(first) => {
+                        let mut wcs = vec![first];
+                        wcs.extend(std::iter::from_fn(|| q.poll_completion()));
+                        if wr.flags.signaled {
+                            wcs.push(wc);
+                        }
+                        route_completions(&self.shared, &mut wcs);
+                    }
+                }
+                return Ok(false);
+            }
+        }
+        match wr {
+            Cow::Owned(wr) => self.with(|q| q.post_send(wr))?,
+            Cow::Borrowed(wr) => self.with(|q| q.post_send_copy(wr))?,
+        }
+        Ok(true)
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if self.shared.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "this QP takes its receives from a shared receive queue".into(),
+            ));
+        }
+        self.with(|q| q.post_recv(wr))?;
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.ctx.shared.remove_qp(self.shared.qpn);
+    }
+}
+
+/// The attributes a connection fixes beyond what the peers exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// What the peer may do through this QP.
+    pub access: ferroce_proto::Access,
+    /// Local ACK timeout code (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer code this side asks the peer to wait.
+    pub min_rnr_timer: u8,
+    /// READ/atomic requests this side keeps outstanding (capped by what the peer serves).
+    pub max_rd_atomic: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            access: ferroce_proto::Access::REMOTE_READ
+                .with(ferroce_proto::Access::REMOTE_WRITE)
+                .with(ferroce_proto::Access::REMOTE_ATOMIC),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+impl QueuePair {
+    /// This QP's side of a connection exchange: its number, first PSN, the context's GID and
+    /// UDP port, the device's path MTU and what it serves, and optionally a region for the peer.
+    pub fn endpoint_info(
+        &self,
+        psn: ferroce_wire::Psn,
+        region: Option<crate::cm::RemoteRegion>,
+    ) -> crate::cm::EndpointInfo {
+        crate::cm::EndpointInfo {
+            qpn: self.qpn(),
+            psn,
+            gid: super::device::gid_of(self.ctx.shared.local.ip()),
+            udp_port: self.ctx.shared.local.port(),
+            mtu: self.ctx.shared.device.active_mtu(),
+            max_rd_atomic: ferroce_proto::attr::MAX_RD_ATOMIC,
+            region,
+            acks_unasked: true,
+        }
+    }
+
+    /// Brings a QP in RESET (or INIT) to RTS, connected to `peer` as exchanged with [`crate::cm`]:
+    /// the path MTU is the smaller of both sides', the PSNs are the exchanged ones.
+    pub fn connect(
+        &self,
+        local: &crate::cm::EndpointInfo,
+        peer: &crate::cm::EndpointInfo,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
+        if self.state() == QpState::Reset {
+            self.modify_to_init(&InitAttr {
+                access: opts.access,
+                ..InitAttr::default()
+            })?;
+        }
+        let rtr = RtrAttr {
+            path_mtu: local.mtu.min(peer.mtu),
+            dest_qpn: peer.qpn,
+            dest_gid: peer.gid,
+            rq_psn: peer.psn,
+            max_dest_rd_atomic: local.max_rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+        };
+        self.modify_to_rtr_with_port(&rtr, peer.udp_port)?;
+        self.set_peer_acks_unasked(peer.acks_unasked);
+        let rts = RtsAttr {
+            sq_psn: local.psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.max_rd_atomic.min(peer.max_rd_atomic).max(1),
+        };
+        self.modify_to_rts(&rts)
+    }
+}
