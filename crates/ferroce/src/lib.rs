@@ -5,6 +5,15 @@
 //! the peer's parameters (exchanged with [`cm`]), and post work requests. The context's engine
 //! thread plays the NIC: it serves one-sided operations while the application sleeps.
 //!
+//! # Layout
+//! - `verbs/`: the objects above and the state behind each (what a NIC would keep for it).
+//! - `provider/`: what moves the bytes. `provider/mod.rs` is the seam between the two layers
+//!   (read its module doc first): `engine` drives every QP's transport, `udp/` carries packets
+//!   as RoCE v2 over UDP, `shm/` carries them through shared-memory rings to a same-host peer
+//!   and does one-sided operations straight in that peer's memory. A context picks per QP
+//!   ([`Provider`]).
+//! - `cm/`: the connection exchange over TCP. `os.rs`, `spin.rs`: small pieces every layer uses.
+//!
 //! ```
 //! use std::time::Duration;
 //! use ferroce::{device_by_name, Access, ContextOptions, InitAttr, QpCaps, QpInitAttr, RtrAttr, RtsAttr};

@@ -1,0 +1,182 @@
+//! The command line of `ferroce perf` and `ferroce pingpong`: the tests and their options, as
+//! perftest and ibv_rc_pingpong name them.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// The eight tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Test {
+    /// RDMA WRITE ping-pong latency.
+    #[value(name = "write_lat")]
+    WriteLat,
+    /// RDMA READ latency.
+    #[value(name = "read_lat")]
+    ReadLat,
+    /// SEND/RECV ping-pong latency.
+    #[value(name = "send_lat")]
+    SendLat,
+    /// FETCH_ADD latency.
+    #[value(name = "atomic_lat")]
+    AtomicLat,
+    /// RDMA WRITE bandwidth.
+    #[value(name = "write_bw")]
+    WriteBw,
+    /// RDMA READ bandwidth.
+    #[value(name = "read_bw")]
+    ReadBw,
+    /// SEND bandwidth.
+    #[value(name = "send_bw")]
+    SendBw,
+    /// FETCH_ADD message rate.
+    #[value(name = "atomic_bw")]
+    AtomicBw,
+}
+
+impl Test {
+    pub(super) fn is_lat(self) -> bool {
+        matches!(
+            self,
+            Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat
+        )
+    }
+    pub(super) fn is_atomic(self) -> bool {
+        matches!(self, Test::AtomicLat | Test::AtomicBw)
+    }
+    pub(super) fn title(self) -> &'static str {
+        match self {
+            Test::WriteLat => "RDMA_Write Latency Test",
+            Test::ReadLat => "RDMA_Read Latency Test",
+            Test::SendLat => "Send Latency Test",
+            Test::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
+            Test::WriteBw => "RDMA_Write BW Test",
+            Test::ReadBw => "RDMA_Read BW Test",
+            Test::SendBw => "Send BW Test",
+            Test::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
+        }
+    }
+}
+
+/// Arguments of `ferroce perf`.
+#[derive(Debug, Clone, Args)]
+pub struct PerfArgs {
+    /// The test.
+    pub(super) test: Test,
+    /// The server to connect to; without it this process is the server.
+    pub(super) host: Option<String>,
+    /// Run server and client in this process, over loopback.
+    #[arg(long)]
+    pub(super) loopback: bool,
+    /// Message size in bytes (default 2 for latency, 65536 for bandwidth).
+    #[arg(long, short = 's', value_parser = clap::value_parser!(u64).range(0..=(1 << 30)))]
+    pub(super) size: Option<u64>,
+    /// Iterations per size (default 1000 for latency, 5000 for bandwidth; with --all, bandwidth
+    /// rounds are capped at 1 GiB of data unless --iters is given).
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub(super) iters: Option<u64>,
+    /// Every size from 2 bytes to 8 MiB.
+    #[arg(long, short = 'a')]
+    pub(super) all: bool,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (default: the device's).
+    #[arg(long, short = 'm')]
+    pub(super) mtu: Option<u32>,
+    /// Queue pairs (bandwidth tests spread messages over them).
+    #[arg(long, short = 'q', default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub(super) qps: u16,
+    /// Check every byte and every atomic result.
+    #[arg(long)]
+    pub(super) verify: bool,
+    /// One JSON object per message size.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Print the transport's counters at the end.
+    #[arg(long)]
+    pub(super) counters: bool,
+    /// TCP port of the connection exchange.
+    #[arg(long, short = 'p', default_value_t = 18515)]
+    pub(super) port: u16,
+    /// Device to use (ferroce_lo, or an interface name); default: the one holding --bind, or
+    /// the one that reaches HOST.
+    #[arg(long, short = 'd')]
+    pub(super) device: Option<String>,
+    /// Local address to use (server default 127.0.0.1).
+    #[arg(long)]
+    pub(super) bind: Option<IpAddr>,
+    /// UDP port of this side's RoCE socket (0: any free port; the peer learns it).
+    #[arg(long, default_value_t = 0)]
+    pub(super) roce_port: u16,
+    /// Work requests in flight in bandwidth tests.
+    #[arg(long, short = 't', default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(super) tx_depth: u32,
+    /// Seconds to wait for the peer at any step.
+    #[arg(long, default_value_t = 10)]
+    pub(super) timeout: u64,
+    /// Local ACK timeout code of the QPs: 4.096 µs × 2^CODE (perftest's -u; default 14 = 67 ms).
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub(super) qp_timeout: u8,
+    /// Put a chaos relay between client and server (with --loopback, or on the client side):
+    /// e.g. loss=0.05,reorder=0.05,duplicate=0.02,corrupt=0.01,delay_ms=1,seed=7 (see
+    /// 'ferroce chaos --help').
+    #[arg(long, value_name = "FAULTS")]
+    pub(super) chaos: Option<String>,
+    /// Print as ibv_rc_pingpong does (set by `ferroce pingpong`).
+    #[arg(skip)]
+    pub(super) pingpong_style: bool,
+}
+
+/// Arguments of `ferroce pingpong`.
+#[derive(Debug, Clone, Args)]
+pub struct PingpongArgs {
+    /// The server to connect to; without it this process is the server.
+    pub(super) host: Option<String>,
+    /// Message size.
+    #[arg(long, short = 's', default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
+    pub(super) size: u64,
+    /// Round trips.
+    #[arg(long, short = 'n', default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub(super) iters: u64,
+    /// TCP port of the connection exchange.
+    #[arg(long, short = 'p', default_value_t = 18515)]
+    pub(super) port: u16,
+    /// Device to use.
+    #[arg(long, short = 'd')]
+    pub(super) device: Option<String>,
+    /// Local address to use.
+    #[arg(long)]
+    pub(super) bind: Option<IpAddr>,
+    /// Run both sides in this process, over loopback.
+    #[arg(long)]
+    pub(super) loopback: bool,
+    /// Check the bytes of every message.
+    #[arg(long)]
+    pub(super) verify: bool,
+}
+
+impl PerfArgs {
+    pub(super) fn sizes(&self) -> Vec<u64> {
+        if self.test.is_atomic() {
+            // An atomic moves one 8-byte word whatever else is asked (a size other than 8 is
+            // refused), and the report says so.
+            vec![8]
+        } else if self.all {
+            (1..=23).map(|k| 1u64 << k).collect()
+        } else {
+            vec![self
+                .size
+                .unwrap_or(if self.test.is_lat() { 2 } else { 65_536 })]
+        }
+    }
+    pub(super) fn iters_for(&self, size: u64) -> u64 {
+        match self.iters {
+            Some(n) => n,
+            None if self.test.is_lat() => 1000,
+            None if self.all => 5000u64.min(((1u64 << 30) / size.max(1)).max(16)),
+            None => 5000,
+        }
+    }
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout.max(1))
+    }
+}

@@ -1,0 +1,228 @@
+//! One side's resources: the device it picks, the context, PD, CQ and QPs it sets up and
+//! connects over the TCP exchange, and the small helpers every round uses on them.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use ferroce::cm::{self, EndpointInfo, Listener, RemoteRegion};
+use ferroce::{
+    Access, CompletionQueue, ConnectOptions, Context, ContextOptions, Device, MemoryRegion,
+    ProtectionDomain, Psn, QpCaps, QpInitAttr, QueuePair, SendFlags, WcStatus, WorkCompletion,
+};
+
+use super::*;
+
+/// The device to use: named, holding `ip`, or (for a client) the one that routes to `peer`.
+pub(super) fn pick_device(args: &PerfArgs, peer: Option<IpAddr>) -> Res<(Device, usize)> {
+    let devices = ferroce::devices().map_err(|e| e.to_string())?;
+    let want_ip = match (args.bind, peer) {
+        (Some(ip), _) => Some(ip),
+        (None, Some(p)) => {
+            // The kernel's choice of source address for that peer.
+            let s = UdpSocket::bind(SocketAddr::new(
+                if p.is_ipv4() {
+                    IpAddr::from([0, 0, 0, 0])
+                } else {
+                    IpAddr::from([0u16; 8])
+                },
+                0,
+            ))
+            .map_err(e("probing the route"))?;
+            s.connect(SocketAddr::new(p, 9))
+                .map_err(e(&format!("no route to {p}")))?;
+            Some(s.local_addr().map_err(e("probing the route"))?.ip())
+        }
+        (None, None) => Some(IpAddr::from([127, 0, 0, 1])),
+    };
+    if let Some(name) = &args.device {
+        let d = devices
+            .into_iter()
+            .find(|d| d.name() == name || d.ifname() == name)
+            .ok_or_else(|| format!("no device {name} (see 'ferroce devices')"))?;
+        let idx = want_ip
+            .and_then(|ip| d.gids().iter().position(|g| g.ip == ip))
+            .unwrap_or(0);
+        return Ok((d, idx));
+    }
+    let ip = want_ip.unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    for d in devices {
+        if let Some(i) = d.gids().iter().position(|g| g.ip == ip) {
+            return Ok((d, i));
+        }
+    }
+    Err(format!(
+        "no device holds the address {ip} (see 'ferroce devices')"
+    ))
+}
+
+/// One side's resources, connected.
+pub(super) struct Session {
+    pub(super) ctx: Context,
+    pub(super) _pd: ProtectionDomain,
+    pub(super) cq: CompletionQueue,
+    pub(super) qps: Vec<QueuePair>,
+    pub(super) buf: MemoryRegion,
+    /// Bytes of buffer per QP: a receive area then a send area, each `area` long.
+    pub(super) slot: usize,
+    /// The largest message size rounded up to whole pairs of cache lines, so the area the peer
+    /// writes and the one this side writes never share a line (or an adjacent-line prefetch
+    /// pair): a latency test's flag bytes would otherwise bounce one line between the cores.
+    pub(super) area: usize,
+    pub(super) remote: RemoteRegion,
+    pub(super) conn: cm::Connection,
+    pub(super) mtu: ferroce::PathMtu,
+    pub(super) local: Vec<EndpointInfo>,
+}
+
+impl Session {
+    pub(super) fn recv_off(&self, q: usize) -> usize {
+        q * self.slot
+    }
+    pub(super) fn send_off(&self, q: usize) -> usize {
+        q * self.slot + self.area
+    }
+    pub(super) fn counter_off(&self) -> usize {
+        self.qps.len() * self.slot
+    }
+    pub(super) fn remote_addr(&self, off: usize) -> u64 {
+        self.remote.addr + off as u64
+    }
+    pub(super) fn sync(&mut self, t: Duration) -> Res<()> {
+        self.conn.sync(t).map_err(|e| e.to_string())
+    }
+}
+
+pub(super) fn initial_psn(qpn: u32) -> Psn {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let x = (t ^ u64::from(qpn).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    Psn::new((x >> 40) as u32)
+}
+
+pub(super) fn setup(
+    args: &PerfArgs,
+    listener: Option<&Listener>,
+    server_addr: Option<SocketAddr>,
+) -> Res<Session> {
+    let (device, gid_index) = pick_device(args, server_addr.map(|a| a.ip()))?;
+    let opts = ContextOptions {
+        gid_index,
+        port: args.roce_port,
+        ..ContextOptions::default()
+    };
+    let ctx = device.open(&opts).map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let nq = usize::from(args.qps);
+    let depth = args.tx_depth.max(512) as usize;
+    let cq = ctx
+        .create_cq(depth * nq * 2 + 1024, None)
+        .map_err(|e| e.to_string())?;
+    let caps = QpCaps {
+        max_send_wr: depth as u32 * 2,
+        max_recv_wr: depth as u32 * 2,
+        ..QpCaps::default()
+    };
+    let qps = (0..nq)
+        .map(|_| pd.create_qp(&QpInitAttr::new(&cq, caps)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let max_size = args.sizes().into_iter().max().unwrap_or(8).max(8) as usize;
+    let area = max_size.div_ceil(128) * 128;
+    let slot = 2 * area;
+    let buf = pd
+        .alloc_mr(slot * nq + 64, Access::ALL)
+        .map_err(e("allocating buffers"))?;
+    let region = RemoteRegion {
+        addr: buf.addr(),
+        rkey: buf.rkey(),
+        len: buf.len() as u64,
+    };
+    let mut local: Vec<EndpointInfo> = qps
+        .iter()
+        .map(|q| q.endpoint_info(initial_psn(q.qpn()), Some(region)))
+        .collect();
+    if let Some(m) = args.mtu {
+        let m = ferroce::PathMtu::from_bytes(m).map_err(|e| e.to_string())?;
+        for l in &mut local {
+            l.mtu = l.mtu.min(m);
+        }
+    }
+    let conn = match (listener, server_addr) {
+        (Some(l), _) => l.accept_many(&local, Duration::from_secs(600)),
+        (None, Some(addr)) => cm::connect_many(addr, &local, args.timeout()),
+        (None, None) => return Err("internal: setup needs a listener or a server address".into()),
+    }
+    .map_err(|e| e.to_string())?;
+    let copts = ConnectOptions {
+        min_rnr_timer: 1,
+        timeout: args.qp_timeout,
+        ..ConnectOptions::default()
+    };
+    for ((q, l), p) in qps.iter().zip(&local).zip(&conn.peers) {
+        q.connect(l, p, &copts)
+            .map_err(|e| format!("connecting QP 0x{:x}: {e}", q.qpn()))?;
+    }
+    let remote = conn
+        .peer
+        .region
+        .ok_or("the peer offered no memory region")?;
+    if remote.len < (slot * nq + 8) as u64 {
+        return Err("the peer's buffer is smaller than this side's: run both sides with the same --size/--all/--qps".into());
+    }
+    let mtu = conn.mtu(&local[0]);
+    let mut s = Session {
+        ctx,
+        _pd: pd,
+        cq,
+        qps,
+        buf,
+        slot,
+        area,
+        remote,
+        conn,
+        mtu,
+        local,
+    };
+    s.sync(args.timeout())?;
+    Ok(s)
+}
+
+pub(super) fn pattern(size: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u64)
+                .wrapping_mul(131)
+                .wrapping_add(size.wrapping_mul(7)) as u8
+                ^ (i >> 10) as u8
+        })
+        .collect()
+}
+
+pub(super) fn check_wc(wc: &WorkCompletion) -> Res<()> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(format!(
+            "work request {:#x} on QP 0x{:x} failed: {}",
+            wc.wr_id, wc.qp_num, wc.status
+        ))
+    }
+}
+
+pub(super) fn sge(s: &Session, off: usize, len: u64) -> Res<Vec<ferroce::Sge>> {
+    if len == 0 {
+        Ok(vec![])
+    } else {
+        Ok(vec![s
+            .buf
+            .sge(off, len as usize)
+            .map_err(|e| e.to_string())?])
+    }
+}
+
+pub(super) fn unsignaled() -> SendFlags {
+    SendFlags::default()
+}
