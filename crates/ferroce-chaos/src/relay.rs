@@ -596,7 +596,9 @@ fn forward(
 
 /// Replaces the ICRC of `pkt`, valid for a trip `from` → `arrived_at`, with the one valid for
 /// `departs_from` → `to`; leaves a packet whose ICRC was already wrong (or that is no RoCE
-/// packet) as it is. Assumes IPv4 Identification 0 both ways, as ferroce's engine does.
+/// packet) as it is. The IPv4 Identification it arrived with is not shown by the socket: any
+/// that makes the ICRC verify is taken (a segment of a GSO send carries its place in the send,
+/// see the UDP provider); it leaves alone, with Identification 0.
 fn restamp(
     pkt: &mut [u8],
     from: SocketAddr,
@@ -613,8 +615,10 @@ fn restamp(
         return;
     };
     let good = headers(from, arrived_at)
-        .and_then(|h| icrc::verify(h.ip(), h.udp(), view.covered(), view.icrc()).ok())
-        .unwrap_or(false);
+        .and_then(|h| {
+            icrc::verify_any_ipv4_identification(h.ip(), h.udp(), view.covered(), view.icrc()).ok()
+        })
+        .is_some_and(|c| c.is_ok());
     if !good {
         return;
     }

@@ -1,12 +1,14 @@
 //! Golden vectors: every RoCE v2 packet Linux Soft-RoCE put on the wire in `shared/captures/`
 //! must parse, pass its ICRC check, and re-emit byte for byte from its parsed form; a flipped bit
-//! anywhere in the packet must be caught.
+//! anywhere in the packet must be caught. A receiver that sees no IPv4 Identification (it
+//! assumes 0) must recover the one rxe sent from the ICRC, and still catch the flipped bits.
 
 use std::path::PathBuf;
 
 use ferroce_wire::frame::{self, UdpFrame, UdpFrameHeaders};
+use ferroce_wire::icrc::{self, IcrcCheck};
 use ferroce_wire::pcap::{PcapReader, LINKTYPE_ETHERNET};
-use ferroce_wire::{icrc, PacketRepr, RocePacket, ROCE_V2_UDP_PORT};
+use ferroce_wire::{PacketRepr, RocePacket, ROCE_V2_UDP_PORT};
 
 fn captures_dir() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -35,6 +37,20 @@ fn roce_frames(name: &str) -> Vec<(usize, Vec<u8>)> {
 fn verify_icrc(udp: &UdpFrame<'_>) -> bool {
     let p = RocePacket::new_checked(udp.payload).unwrap();
     icrc::verify(udp.ip_header, udp.udp_header, p.covered(), p.icrc()).unwrap()
+}
+
+/// The frame's IPv4 header with the Identification zeroed: what a UDP-socket receiver assumes.
+fn ip_header_seen(udp: &UdpFrame<'_>) -> Vec<u8> {
+    let mut ip = udp.ip_header.to_vec();
+    ip[4..6].fill(0);
+    ip
+}
+
+/// The ICRC check with any IPv4 Identification, from the header a UDP-socket receiver assumes.
+fn check_any_identification(udp: &UdpFrame<'_>) -> IcrcCheck {
+    let p = RocePacket::new_checked(udp.payload).unwrap();
+    let ip = ip_header_seen(udp);
+    icrc::verify_any_ipv4_identification(&ip, udp.udp_header, p.covered(), p.icrc()).unwrap()
 }
 
 /// Parses, verifies and re-emits every RoCE packet of a capture; returns how many there were.
@@ -121,18 +137,75 @@ fn check_corruption_caught(name: &str) {
                 !verify_icrc(&udp),
                 "{name} frame {index}: flipped bit at {at} not caught"
             );
+            assert_eq!(
+                check_any_identification(&udp),
+                IcrcCheck::Bad,
+                "{name} frame {index}: flipped bit at {at} explained by an Identification"
+            );
         }
     }
 }
 
+/// Zeroes the IPv4 Identification of every RoCE packet of a capture and solves it back from the
+/// ICRC; returns how many packets there were and how many of them rxe sent with an
+/// Identification other than 0.
+fn check_identification_solved(name: &str) -> (usize, usize) {
+    let frames = roce_frames(name);
+    let mut nonzero = 0;
+    for (index, bytes) in &frames {
+        let udp = frame::parse_ethernet(bytes).unwrap();
+        let sent = u16::from_be_bytes([udp.ip_header[4], udp.ip_header[5]]);
+        let p = RocePacket::new_checked(udp.payload).unwrap();
+        let ip = ip_header_seen(&udp);
+        assert_eq!(
+            icrc::solve_ipv4_identification(&ip, udp.udp_header, p.covered(), p.icrc()).unwrap(),
+            Some(sent),
+            "{name} frame {index}"
+        );
+        let expected = if sent == 0 {
+            IcrcCheck::Verified
+        } else {
+            nonzero += 1;
+            IcrcCheck::VerifiedWithIdentification(sent)
+        };
+        assert_eq!(
+            check_any_identification(&udp),
+            expected,
+            "{name} frame {index}"
+        );
+    }
+    (frames.len(), nonzero)
+}
+
 macro_rules! capture_tests {
-    ($($test:ident: $file:expr, $count:expr;)*) => {$(
-        #[test]
-        fn $test() {
-            check_capture($file, $count);
-            check_corruption_caught($file);
-        }
-    )*};
+    ($($test:ident: $file:expr, $count:expr;)*) => {
+        $(
+            #[test]
+            fn $test() {
+                check_capture($file, $count);
+                check_corruption_caught($file);
+            }
+        )*
+
+        /// Every capture with its RoCE packet count.
+        const CAPTURES: &[(&str, usize)] = &[$(($file, $count)),*];
+    };
+}
+
+/// rxe numbers the IPv4 Identification of every packet it sends; each must come back from the
+/// ICRC alone.
+#[test]
+fn every_rxe_identification_solves_from_zero() {
+    let (mut packets, mut nonzero) = (0, 0);
+    for &(name, count) in CAPTURES {
+        let (n, nz) = check_identification_solved(name);
+        assert_eq!(n, count, "{name}: RoCE packet count");
+        packets += n;
+        nonzero += nz;
+    }
+    assert_eq!(packets, 2637);
+    // None of them had Identification 0, so not one verifies without the solver.
+    assert_eq!(nonzero, 2637);
 }
 
 // Packet counts are those the capture summaries (`*.txt`) list.

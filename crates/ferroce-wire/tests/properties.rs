@@ -8,7 +8,7 @@ use ferroce_wire::bth::BthRepr;
 use ferroce_wire::decode::{decode_frame, Decoded};
 use ferroce_wire::deth::DethRepr;
 use ferroce_wire::frame::{self, UdpFrameHeaders};
-use ferroce_wire::icrc;
+use ferroce_wire::icrc::{self, IcrcCheck};
 use ferroce_wire::ieth::IethRepr;
 use ferroce_wire::immdt::ImmDtRepr;
 use ferroce_wire::opcode::{HeaderSet, ALL_OPCODES};
@@ -157,6 +157,67 @@ proptest! {
         pkt[at / 8] ^= 1 << (at % 8);
         if let Ok(view) = RocePacket::new_checked(&pkt[..]) {
             prop_assert!(!icrc::verify(ip_udp.ip(), ip_udp.udp(), view.covered(), view.icrc()).unwrap());
+        }
+    }
+
+    #[test]
+    fn the_identification_sent_solves_from_any_assumed_one(
+        (repr, payload) in packet(),
+        sent in any::<u16>(),
+        assumed in prop_oneof![Just(0u16), any::<u16>()],
+    ) {
+        let sender = UdpFrameHeaders { ident: sent, ..headers_v4() };
+        let pkt = build(&repr, &payload, &sender);
+        let seen = UdpFrameHeaders { ident: assumed, ..headers_v4() }
+            .ip_udp_headers(pkt.len())
+            .unwrap();
+        let view = RocePacket::new_checked(&pkt[..]).unwrap();
+        let (ip, udp, covered, crc) = (seen.ip(), seen.udp(), view.covered(), view.icrc());
+        prop_assert_eq!(icrc::solve_ipv4_identification(ip, udp, covered, crc).unwrap(), Some(sent));
+        let expected = if sent == assumed {
+            IcrcCheck::Verified
+        } else {
+            IcrcCheck::VerifiedWithIdentification(sent)
+        };
+        prop_assert_eq!(icrc::verify_any_ipv4_identification(ip, udp, covered, crc).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_solved_identification_always_verifies(
+        (repr, payload) in packet(),
+        sent in any::<u16>(),
+        assume_sent in any::<bool>(),
+        bits in proptest::collection::vec(any::<prop::sample::Index>(), 1..=3),
+    ) {
+        let sender = UdpFrameHeaders { ident: sent, ..headers_v4() };
+        let mut pkt = build(&repr, &payload, &sender);
+        let assumed = if assume_sent { sent } else { 0 };
+        let receiver = UdpFrameHeaders { ident: assumed, ..headers_v4() };
+        let seen = receiver.ip_udp_headers(pkt.len()).unwrap();
+        let ats: Vec<usize> = bits.iter().map(|b| b.index(pkt.len() * 8)).collect();
+        // resv8a (byte 4 of the BTH) is masked: a flip there is no corruption.
+        prop_assume!(ats.iter().all(|at| at / 8 != 4));
+        for at in &ats {
+            pkt[at / 8] ^= 1 << (at % 8);
+        }
+        if let Ok(view) = RocePacket::new_checked(&pkt[..]) {
+            let solved = icrc::solve_ipv4_identification(
+                seen.ip(), seen.udp(), view.covered(), view.icrc()).unwrap();
+            if let Some(id) = solved {
+                // Whatever the corruption, the solver names only an Identification with which
+                // the ICRC really verifies.
+                let with_id = UdpFrameHeaders { ident: id, ..receiver }
+                    .ip_udp_headers(pkt.len())
+                    .unwrap();
+                prop_assert_eq!(
+                    icrc::compute(with_id.ip(), with_id.udp(), view.covered()).unwrap(),
+                    view.icrc()
+                );
+            }
+            // And a single flipped bit is never explained by any (see the icrc module docs).
+            if ats.len() == 1 {
+                prop_assert_eq!(solved, None);
+            }
         }
     }
 

@@ -182,6 +182,22 @@ fn seal(src: SocketAddr, dst: SocketAddr, buf: &mut [u8]) {
     RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
 }
 
+/// Whether `p`, sent from `src` to `dst`, verifies for some IPv4 Identification (the receiver
+/// cannot see the field, so it accepts any).
+fn verifies_for_some_identification(
+    src: SocketAddr,
+    dst: SocketAddr,
+    p: &RocePacket<&[u8]>,
+) -> bool {
+    let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), dst.ip());
+    h.dst_port = dst.port();
+    let Ok(hdrs) = h.icrc_headers(p.as_bytes().len()) else {
+        return false;
+    };
+    icrc::verify_any_ipv4_identification(hdrs.ip(), hdrs.udp(), p.covered(), p.icrc())
+        .is_ok_and(|c| c.is_ok())
+}
+
 /// A packet the target sent to the attacker.
 #[derive(Debug)]
 struct Answer {
@@ -1115,11 +1131,23 @@ fn hostile_traffic_is_refused_counted_and_survived() {
         // ---- (a) random datagrams, and valid requests with a broken ICRC --------------------
         let live_qpns = [v0.qpn(), lt.qpn(), lt2.qpn()];
         // What the engine must make of each: not a RoCE v2 packet (malformed), or one whose
-        // ICRC is wrong (all the others: a random ICRC matches with odds of 2^-32).
+        // ICRC is wrong. A random ICRC verifies with odds of 2^-32 for Identification 0, but
+        // with odds of 2^-16 for *some* Identification (the receiver solves for the one field
+        // a UDP socket does not show, see the UDP provider's docs): over the ~15,000 random
+        // RoCE-shaped packets below, one in four runs would have one. Such a packet is a valid
+        // packet as far as any receiver can tell, not junk, so it is left out (and counted).
         let mut want_malformed = 0u64;
-        let mut classify = |b: Vec<u8>| {
-            want_malformed += u64::from(RocePacket::new_checked(&b[..]).is_err());
-            b
+        let mut plausible_skipped = 0u64;
+        let mut classify = |b: Vec<u8>| -> Option<Vec<u8>> {
+            match RocePacket::new_checked(&b[..]) {
+                Err(_) => want_malformed += 1,
+                Ok(p) if verifies_for_some_identification(att_addr, taddr, &p) => {
+                    plausible_skipped += 1;
+                    return None;
+                }
+                Ok(_) => {}
+            }
+            Some(b)
         };
         let random = (0..55_000).map(|i| {
             // Always some empty ones: they used to go uncounted.
@@ -1140,6 +1168,7 @@ fn hostile_traffic_is_refused_counted_and_survived() {
             }
             classify(b)
         });
+        let random = random.flatten();
         let junk_seen = || {
             let c = t.counters();
             c.malformed + c.icrc_errors
@@ -1161,8 +1190,10 @@ fn hostile_traffic_is_refused_counted_and_survived() {
                 at => at,
             };
             p[at] ^= 1 << (i % 8);
-            bad_icrc.push(classify(p));
+            // No Identification explains a single flipped bit: every one must be refused.
+            bad_icrc.push(classify(p).expect("a single-bit error passed the ICRC check"));
         }
+        println!("random RoCE-shaped packets left out as verifying for some Identification: {plausible_skipped}");
         let n_bad_icrc = paced("bad ICRC", bad_icrc, udp_send(&att, taddr), junk_seen);
         hostile += n_random + n_bad_icrc;
 

@@ -293,6 +293,7 @@ impl Context {
             rx_bytes: l(&c.rx_bytes),
             tx_bytes: l(&c.tx_bytes),
             icrc_errors: l(&c.icrc_errors),
+            icrc_ident_solved: l(&c.icrc_ident_solved),
             malformed: l(&c.malformed),
             unknown_qpn: l(&c.unknown_qpn),
             wrong_source: l(&c.wrong_source),

@@ -7,7 +7,6 @@
 
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -32,10 +31,9 @@ impl Capture {
         })
     }
 
-    /// Records one datagram from `src` to `dst`.
-    pub(crate) fn record(&self, src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
-        let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), dst.ip());
-        h.dst_port = dst.port();
+    /// Records one datagram with the headers `h` describes (addresses, ports, the IPv4
+    /// Identification it left with).
+    pub(crate) fn record(&self, h: &UdpFrameHeaders, payload: &[u8]) {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)

@@ -19,11 +19,20 @@
 //! A run of [`GSO_MIN_RUN`] or more equal-size packets of at least [`GSO_MIN_SEGMENT`] bytes
 //! (a WRITE or READ stream) leaves with one UDP GSO send; the rest with `sendmmsg`.
 //!
-//! # ICRC of received packets
-//! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader. A
-//! ferroce sender uses an unconnected socket with DF set, for which Linux sends Identification
-//! 0; the receiver verifies assuming 0. Packets from senders that vary the field (kernel rxe)
-//! fail that check and are counted as ICRC errors.
+//! # ICRC and the IPv4 Identification
+//! The ICRC covers the IPv4 Identification field, which a UDP socket never shows its reader.
+//! - **Receiving.** A packet is verified assuming Identification 0 (what ferroce and any sender
+//!   on an unconnected DF socket use for a lone datagram); one that fails is checked again for
+//!   the one Identification that would make it verify, solved from its ICRC
+//!   (`ferroce_wire::icrc::verify_any_ipv4_identification`, ~25 ns more, no search). Kernel rxe
+//!   numbers its packets, and a GSO segment carries its place in the send: both verify this
+//!   way and are counted apart (`icrc_ident_solved`). Such a packet is checked by the 16 bits
+//!   of the ICRC that the Identification cannot explain (a random corruption passes with
+//!   probability 2^-16, where a packet verified with 0 is checked by all 32); every single-bit
+//!   error is still caught, since no Identification explains one within a RoCE packet.
+//! - **Sending.** Every packet is sealed for the Identification it will leave with: 0 for a
+//!   datagram sent alone, its place in the run for a segment of a GSO send (see [`send_all`]),
+//!   so every packet on the wire verifies for any receiver (rxe drops those that do not).
 
 mod capture;
 mod socket;
@@ -38,7 +47,8 @@ use std::time::Duration;
 
 use ferroce_proto::Instant;
 use ferroce_wire::frame::UdpFrameHeaders;
-use ferroce_wire::{icrc, RocePacket};
+use ferroce_wire::icrc::{self, IcrcCheck};
+use ferroce_wire::RocePacket;
 
 use self::capture::Capture;
 use self::sys::RecvBatch;
@@ -229,8 +239,9 @@ pub(crate) fn receive(
     did
 }
 
-/// Seals `k` packets of `qp` (each one's ICRC), records them in the capture, and sends them in
-/// order to `peer` from the QP's own socket; counts what left.
+/// Sends `k` packets of `qp` in order to `peer` from the QP's own socket, each sealed (its ICRC
+/// computed) for the IPv4 Identification it leaves with, records them in the capture as they
+/// left, and counts what left.
 pub(crate) fn transmit(
     shared: &ContextShared,
     qp: &QpShared,
@@ -241,21 +252,10 @@ pub(crate) fn transmit(
     let src = SocketAddr::new(shared.local.ip(), qp.udp.port);
     let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
     h.dst_port = peer.port();
-    for (buf, &n) in bufs.iter_mut().zip(lens) {
-        let buf = &mut buf[..n];
-        if let Ok(hdrs) = h.icrc_headers(n) {
-            if let Ok(crc) = icrc::compute(hdrs.ip(), hdrs.udp(), &buf[..n - 4]) {
-                RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
-            }
-        }
-        if let Some(c) = &shared.udp.capture {
-            c.record(src, peer, buf);
-        }
-    }
     let k = lens.len();
     let bytes: usize = lens.iter().sum();
     let c = &shared.counters;
-    match send_all(shared, qp.udp.fd(), &peer, bufs, lens) {
+    match send_all(shared, qp.udp.fd(), &mut h, bufs, lens) {
         Ok(sent) => {
             c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
             c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
@@ -287,16 +287,28 @@ fn deliver(
     };
     let mut h = UdpFrameHeaders::roce(from.ip(), from.port(), shared.local.ip());
     h.dst_port = shared.local.port();
-    let ok = h
+    let check = h
         .icrc_headers(bytes.len())
         .ok()
-        .and_then(|hdrs| icrc::verify(hdrs.ip(), hdrs.udp(), pkt.covered(), pkt.icrc()).ok())
-        .unwrap_or(false);
-    if let Some(cap) = &shared.udp.capture {
-        cap.record(from, shared.local, bytes);
+        .and_then(|hdrs| {
+            icrc::verify_any_ipv4_identification(hdrs.ip(), hdrs.udp(), pkt.covered(), pkt.icrc())
+                .ok()
+        })
+        .unwrap_or(IcrcCheck::Bad);
+    match check {
+        IcrcCheck::Verified => {}
+        IcrcCheck::VerifiedWithIdentification(ident) => {
+            c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
+            h.ident = ident;
+        }
+        IcrcCheck::Bad => {
+            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
-    if !ok {
-        c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+    if let Some(cap) = &shared.udp.capture {
+        cap.record(&h, bytes);
+    }
+    if !check.is_ok() {
         return;
     }
     let qpn = pkt.bth().dest_qpn();
@@ -329,27 +341,67 @@ impl LastQp {
         self.qp.as_ref()
     }
 }
-/// Sends the packets in order to `dest`: runs of equal-size packets with one GSO send each
-/// (where the kernel has UDP segmentation offload), the others with `sendmmsg`.
+/// Computes the ICRC of each packet for the frame `h` describes, with the IPv4 Identification
+/// the packet will leave with: its place in the run (0, 1, 2, ...) when `numbered` (the
+/// segments of one GSO send), else 0; records each in the capture as sealed.
+fn seal(
+    shared: &ContextShared,
+    h: &mut UdpFrameHeaders,
+    bufs: &mut [Vec<u8>],
+    lens: &[usize],
+    numbered: bool,
+) {
+    for (i, (buf, &n)) in bufs.iter_mut().zip(lens).enumerate() {
+        h.ident = if numbered { i as u16 } else { 0 };
+        let buf = &mut buf[..n];
+        if let Ok(hdrs) = h.icrc_headers(n) {
+            if let Ok(crc) = icrc::compute(hdrs.ip(), hdrs.udp(), &buf[..n - 4]) {
+                RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
+            }
+        }
+        if let Some(c) = &shared.udp.capture {
+            c.record(h, buf);
+        }
+    }
+    h.ident = 0;
+}
+
+/// Whether the run of packets starting at `lens[0]` is worth one GSO send; its length if so.
+/// Segmentation offload pays for runs of large packets (a WRITE or READ stream); a few small
+/// ones (a ping-pong's request and ACK) go faster through sendmmsg.
+fn gso_worthy(lens: &[usize]) -> Option<usize> {
+    let run = sys::gso_run(lens);
+    (run >= GSO_MIN_RUN && lens[0] >= GSO_MIN_SEGMENT).then_some(run)
+}
+
+/// Seals and sends the packets in order to `h.dst`: runs of equal-size packets with one GSO
+/// send each (where the kernel has UDP segmentation offload), the others with `sendmmsg`.
+///
+/// The socket is unconnected with DF set, so Linux sends a datagram with IPv4 Identification 0,
+/// and when it cuts a GSO send into segments (on a NIC, a bridge, a veth without offload, or at
+/// the receiving socket) it numbers them 0, 1, 2, ...: each packet of a GSO run is sealed for
+/// its place in the run, so every ICRC verifies for whoever receives it (rxe drops a packet
+/// whose ICRC does not).
 fn send_all(
     shared: &ContextShared,
-    fd: std::os::fd::RawFd,
-    dest: &SocketAddr,
-    bufs: &[Vec<u8>],
+    fd: RawFd,
+    h: &mut UdpFrameHeaders,
+    bufs: &mut [Vec<u8>],
     lens: &[usize],
 ) -> std::io::Result<usize> {
+    let dest = SocketAddr::new(h.dst, h.dst_port);
     let k = lens.len();
     if !shared.udp.gso.load(Ordering::Relaxed) {
-        return sys::send_batch(fd, bufs, lens, dest);
+        seal(shared, h, bufs, lens, false);
+        return sys::send_batch(fd, bufs, lens, &dest);
     }
     let mut i = 0;
     let mut sent = 0;
     while i < k {
-        // Segmentation offload pays for runs of large packets (a WRITE or READ stream); a few
-        // small ones (a ping-pong's request and ACK) go faster through sendmmsg.
-        let run = sys::gso_run(&lens[i..k]);
-        if run >= GSO_MIN_RUN && lens[i] >= GSO_MIN_SEGMENT {
-            match sys::send_gso(fd, &bufs[i..i + run], &lens[i..i + run], dest) {
+        if let Some(run) = gso_worthy(&lens[i..k]) {
+            let (b, l) = (&mut bufs[i..i + run], &lens[i..i + run]);
+            seal(shared, h, b, l, true);
+            match sys::send_gso(fd, b, l, &dest) {
                 Ok(n) => sent += n,
                 Err(e) => {
                     // No GSO here (or not for this socket): fall back for good. A passing
@@ -361,22 +413,25 @@ fn send_all(
                     if unsupported {
                         shared.udp.gso.store(false, Ordering::Relaxed);
                     }
-                    sent += sys::send_batch(fd, &bufs[i..i + run], &lens[i..i + run], dest)?;
+                    // Sent one by one, every packet leaves with Identification 0.
+                    seal(shared, h, b, l, false);
+                    sent += sys::send_batch(fd, b, l, &dest)?;
                 }
             }
             i += run;
         } else {
             let mut j = i + 1;
-            while j < k && !(sys::gso_run(&lens[j..k]) >= GSO_MIN_RUN && lens[j] >= GSO_MIN_SEGMENT)
-            {
+            while j < k && gso_worthy(&lens[j..k]).is_none() {
                 j += 1;
             }
-            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], dest)?;
+            seal(shared, h, &mut bufs[i..j], &lens[i..j], false);
+            sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], &dest)?;
             i = j;
         }
     }
     Ok(sent)
 }
+
 /// Whether the last read brought a run of datagrams that receive offload would have
 /// coalesced: [`GSO_MIN_RUN`] or more in a row of one length, at least [`GSO_MIN_SEGMENT`].
 fn bulk_arrived(rx: &RecvBatch, n: usize) -> bool {
