@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The whole ferroce test suite, from a fresh Debian machine with only the Rust toolchain.
-# Installs what the tests need (tshark, as an independent decoder to compare against; iproute2 for
-# the network-namespace tests; cargo-fuzz, by scripts/fuzz.sh), then runs formatting, lint, every
-# test of the workspace, and every fuzz target for a bounded time.
+# Installs what the tests need (tshark, as an independent decoder to compare against; iproute2 and
+# ethtool for the network-namespace tests; python3 for scripts/verify_icrc.py, an independent ICRC
+# checker; cargo-fuzz, by scripts/fuzz.sh), then runs formatting, lint, every test of the
+# workspace, and every fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
 command -v tshark >/dev/null 2>&1 || need_pkgs+=(tshark)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v ethtool >/dev/null 2>&1 || need_pkgs+=(ethtool)
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -296,6 +296,10 @@ fn serve(args: &PerfArgs, listener: &Listener) -> Res<()> {
         // Receives left over (send tests) are flushed when the QPs go away.
         s.sync(t)?;
     }
+    if args.counters {
+        // What the receiving side counted is half the story of a run (ICRC checks, NAKs sent).
+        print_counters(args, &s);
+    }
     Ok(())
 }
 
