@@ -9,6 +9,7 @@ mod decode;
 mod demo;
 mod devices;
 mod perf;
+mod pingpong;
 mod sim;
 
 use std::process::ExitCode;
@@ -37,8 +38,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// perftest-style latency and bandwidth tests (server, client, or --loopback).
     Perf(perf::PerfArgs),
-    /// SEND/RECV ping-pong, like ibv_rc_pingpong (server without HOST, client with).
-    Pingpong(perf::PingpongArgs),
+    /// SEND/RECV ping-pong, a peer of rdma-core's ibv_rc_pingpong in either role (server
+    /// without HOST, client with): its TCP exchange, defaults and output.
+    Pingpong(pingpong::PingpongArgs),
     /// List devices and their GID tables, like ibv_devinfo.
     Devices,
     /// A fault-injecting relay between two ferroce peers (loss, reordering, duplication,
@@ -82,7 +84,7 @@ fn main() -> ExitCode {
         Command::Decode(args) => decode::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Perf(args) => perf::run(&args),
-        Command::Pingpong(args) => perf::pingpong(&args),
+        Command::Pingpong(args) => pingpong::run(&args),
         Command::Devices => devices::run(),
         Command::Chaos(args) => chaos::run(&args),
     };

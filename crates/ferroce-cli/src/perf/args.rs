@@ -1,5 +1,4 @@
-//! The command line of `ferroce perf` and `ferroce pingpong`: the tests and their options, as
-//! perftest and ibv_rc_pingpong name them.
+//! The command line of `ferroce perf`: the tests and their options, as perftest names them.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -121,37 +120,6 @@ pub struct PerfArgs {
     /// 'ferroce chaos --help').
     #[arg(long, value_name = "FAULTS")]
     pub(super) chaos: Option<String>,
-    /// Print as ibv_rc_pingpong does (set by `ferroce pingpong`).
-    #[arg(skip)]
-    pub(super) pingpong_style: bool,
-}
-
-/// Arguments of `ferroce pingpong`.
-#[derive(Debug, Clone, Args)]
-pub struct PingpongArgs {
-    /// The server to connect to; without it this process is the server.
-    pub(super) host: Option<String>,
-    /// Message size.
-    #[arg(long, short = 's', default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
-    pub(super) size: u64,
-    /// Round trips.
-    #[arg(long, short = 'n', default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub(super) iters: u64,
-    /// TCP port of the connection exchange.
-    #[arg(long, short = 'p', default_value_t = 18515)]
-    pub(super) port: u16,
-    /// Device to use.
-    #[arg(long, short = 'd')]
-    pub(super) device: Option<String>,
-    /// Local address to use.
-    #[arg(long)]
-    pub(super) bind: Option<IpAddr>,
-    /// Run both sides in this process, over loopback.
-    #[arg(long)]
-    pub(super) loopback: bool,
-    /// Check the bytes of every message.
-    #[arg(long)]
-    pub(super) verify: bool,
 }
 
 impl PerfArgs {

@@ -16,7 +16,7 @@ mod rounds;
 mod session;
 mod wait;
 
-pub use args::{PerfArgs, PingpongArgs, Test};
+pub use args::{PerfArgs, Test};
 use rounds::*;
 use session::*;
 use wait::*;
@@ -29,33 +29,6 @@ use clap::ValueEnum;
 use ferroce::cm::Listener;
 use ferroce::{RecvWr, SendOp, SendWr, WcOpcode};
 use report::{BwStats, LatStats};
-
-/// Runs `ferroce pingpong`: a SEND/RECV ping-pong printed as ibv_rc_pingpong prints it.
-pub fn pingpong(p: &PingpongArgs) -> Res<ExitCode> {
-    let args = PerfArgs {
-        test: Test::SendLat,
-        host: p.host.clone(),
-        loopback: p.loopback,
-        size: Some(p.size),
-        iters: Some(p.iters),
-        all: false,
-        mtu: None,
-        qps: 1,
-        verify: p.verify,
-        json: false,
-        counters: false,
-        port: p.port,
-        device: p.device.clone(),
-        bind: p.bind,
-        roce_port: 0,
-        tx_depth: 128,
-        timeout: 10,
-        qp_timeout: 14,
-        chaos: None,
-        pingpong_style: true,
-    };
-    run(&args)
-}
 
 type Res<T> = Result<T, String>;
 
@@ -307,21 +280,7 @@ fn serve(args: &PerfArgs, listener: &Listener) -> Res<()> {
 fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
     let mut s = setup(args, None, Some(server))?;
     let t = args.timeout();
-    if args.pingpong_style {
-        let (l, p) = (&s.local[0], &s.conn.peer);
-        println!(
-            "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            l.qpn,
-            l.psn.value(),
-            l.gid
-        );
-        println!(
-            "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            p.qpn,
-            p.psn.value(),
-            p.gid
-        );
-    } else if !args.json {
+    if !args.json {
         print_banner(args, &s);
     }
     let mut header_done = false;
@@ -347,17 +306,7 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         }
         s.sync(t)?;
         let deadline = Instant::now() + t + Duration::from_millis(iters / 10);
-        let line = if args.pingpong_style {
-            let t0 = Instant::now();
-            lat_round(args, &s, size, iters, deadline)?;
-            let secs = t0.elapsed().as_secs_f64();
-            let bytes = size * iters * 2;
-            format!(
-                "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec\n{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
-                bytes as f64 * 8.0 / secs / 1e6,
-                secs * 1e6 / iters as f64
-            )
-        } else if args.test.is_lat() {
+        let line = if args.test.is_lat() {
             let mut samples = lat_round(args, &s, size, iters, deadline)?;
             let divisor = if matches!(args.test, Test::WriteLat | Test::SendLat) {
                 2.0
@@ -399,7 +348,7 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         }
         s.sync(t + Duration::from_secs(iters / 1000 + 60))?;
         s.sync(t)?;
-        if !args.json && !header_done && !args.pingpong_style {
+        if !args.json && !header_done {
             println!(
                 "{}",
                 if args.test.is_lat() {
@@ -412,7 +361,7 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         }
         println!("{line}");
     }
-    if !args.json && !args.pingpong_style {
+    if !args.json {
         println!("---------------------------------------------------------------------------------------");
     }
     if args.counters {

@@ -333,6 +333,23 @@ fn transmit_qp(
     did
 }
 
+/// Sends a QP's held ACK now: the QP is being destroyed, and a held ACK left behind would
+/// never leave, so the peer would retransmit what this side already took, and fail its request
+/// once its retries ran out (an `ibv_rc_pingpong`-style peer whose last SEND is answered just
+/// before this side exits).
+pub(crate) fn flush_held_ack(shared: &ContextShared, qp: &QpShared) {
+    let (held, peer) = {
+        let mut core = qp.qp.lock();
+        (core.held_ack.take(), core.peer)
+    };
+    let (Some(h), Some(peer)) = (held, peer) else {
+        return;
+    };
+    // Only the UDP path holds ACKs; a rare path, so a small allocation is fine.
+    let mut bufs = vec![h.bytes[..h.len].to_vec()];
+    udp::transmit(shared, qp, peer, &mut bufs, &[h.len]);
+}
+
 pub(crate) fn route_completions(qp: &QpShared, wcs: &mut Vec<WorkCompletion>) {
     let is_recv =
         |w: &WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);

@@ -17,7 +17,7 @@ use super::pd::ProtectionDomain;
 use super::qp_core::QpShared;
 use crate::error::{Error, Result};
 use crate::os::EventFd;
-use crate::provider::{engine, EngineState, Provider, ShmHost, UdpPort};
+use crate::provider::{engine, flush_held_ack, EngineState, Provider, ShmHost, UdpPort};
 
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +116,7 @@ impl ContextShared {
             .remove(&qpn);
         self.qps_generation.fetch_add(1, Ordering::AcqRel);
         if let Some(qp) = gone {
+            flush_held_ack(self, &qp);
             // Whatever the engine still counts for it in a pass already under way is lost; a
             // packet that arrives from now on counts as for an unknown QPN.
             let core = qp.qp.lock();
