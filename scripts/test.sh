@@ -29,5 +29,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+echo "== live interop with Linux rxe (QEMU guest; set-up on first run)"
+./interop/run-live.sh
 echo "== fuzz (bounded)"
 ./scripts/fuzz.sh "${FERROCE_FUZZ_SECONDS:-20}"

@@ -88,6 +88,10 @@ pub struct PingpongArgs {
     /// (client side).
     #[arg(long)]
     verify: bool,
+    /// ferroce: print this side's context counters after the run (rxe's names where rxe has
+    /// the counter).
+    #[arg(long)]
+    counters: bool,
     /// ferroce: both sides in this process, on loopback.
     #[arg(long)]
     loopback: bool,
@@ -534,6 +538,15 @@ fn drain(cq: &CompletionQueue) -> Res<Vec<ferroce::WorkCompletion>> {
     Ok(buf[..n].to_vec())
 }
 
+fn print_counters(a: &PingpongArgs, side: &Side) {
+    if a.counters {
+        println!(" Counters (this side):");
+        for (k, v) in side.ctx.counters().named() {
+            println!("   {k:<28} {v}");
+        }
+    }
+}
+
 fn report(a: &PingpongArgs, elapsed: Duration) {
     let usec = elapsed.as_secs_f64() * 1e6;
     let bytes = a.size * a.iters * 2;
@@ -582,7 +595,9 @@ pub fn run(a: &PingpongArgs) -> Res<ExitCode> {
             connect_qp(a, &side, &peer, a.roce_port)?;
             side.me.print("local address: ");
             peer.print("remote address:");
-            report(a, run_loop(a, &side, true)?);
+            let elapsed = run_loop(a, &side, true)?;
+            report(a, elapsed);
+            print_counters(a, &side);
         }
         None => {
             let device = pick_device(a.device.as_deref(), None)?;
@@ -602,6 +617,7 @@ pub fn run(a: &PingpongArgs) -> Res<ExitCode> {
                 check_pages(a, &side)?;
             }
             report(a, elapsed);
+            print_counters(a, &side);
         }
     }
     Ok(ExitCode::SUCCESS)
