@@ -120,6 +120,34 @@ pub struct PerfArgs {
     /// 'ferroce chaos --help').
     #[arg(long, value_name = "FAULTS")]
     pub(super) chaos: Option<String>,
+    /// Speak perftest's own TCP exchange, to pair with the real ib_write_lat, ib_read_bw, ...
+    /// in either role (one QP, one size; both sides given the same test and options).
+    #[arg(long)]
+    pub(super) perftest: bool,
+    /// GID index of the local device (perftest's -x).
+    #[arg(long = "gid-index", short = 'x')]
+    pub(super) gid_index: Option<usize>,
+    /// Accepted for perftest's command lines (-F: no CPU frequency warning); ferroce measures
+    /// with a monotonic clock, not the cycle counter.
+    #[arg(long = "CPU-freq", short = 'F')]
+    pub(super) cpu_freq: bool,
+    /// Report bandwidth in Gb/s (perftest's --report_gbits).
+    #[arg(long = "report_gbits")]
+    pub(super) report_gbits: bool,
+    /// Atomic operation of the atomic tests (perftest's -A).
+    #[arg(long = "atomic_type", short = 'A', value_enum, default_value_t = AtomicType::FetchAndAdd)]
+    pub(super) atomic_type: AtomicType,
+}
+
+/// The atomic operation of the atomic tests, as perftest names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AtomicType {
+    /// FETCH_ADD of 1.
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    /// COMPARE_SWAP of 0 with 0.
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
 }
 
 impl PerfArgs {

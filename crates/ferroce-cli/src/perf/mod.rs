@@ -11,6 +11,7 @@
 //! READ and atomics, as perftest reports them. MB is 2^20 bytes, as in perftest.
 
 mod args;
+mod perftest;
 mod report;
 mod rounds;
 mod session;
@@ -38,6 +39,9 @@ fn e<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 
 /// Runs the command.
 pub fn run(args: &PerfArgs) -> Res<ExitCode> {
+    if args.perftest {
+        return perftest::run(args);
+    }
     if args.test.is_lat() && args.qps != 1 {
         return Err("latency tests use one QP (--qps 1)".into());
     }
