@@ -135,10 +135,13 @@ impl Link {
     }
 
     /// perftest's closing: a handshake, then "done" (written, and read if the peer sends one).
+    /// perftest 4.5 writes its "done" without reading the peer's, and fails if the peer has
+    /// closed by then: so this side waits for the peer to close first (on a lossy link TCP may
+    /// take seconds to deliver the last bytes).
     fn close(mut self, me: &Key) -> Res<()> {
         self.hand_shake(me)?;
         let _ = self.stream.write_all(b"done\0");
-        let _ = self.stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = self.stream.set_read_timeout(Some(Duration::from_secs(15)));
         let mut sink = [0u8; 64];
         while matches!(self.stream.read(&mut sink), Ok(n) if n > 0) {}
         Ok(())
