@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use ferroce::cm::{self, EndpointInfo, Listener, RemoteRegion};
 use ferroce::{
-    device_by_name, Access, ConnectOptions, ContextCounters, ContextOptions, Provider, Psn, QpCaps,
-    QpInitAttr, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    device_by_name, Access, CompletionQueue, ConnectOptions, Context, ContextCounters,
+    ContextOptions, ProtectionDomain, Provider, Psn, QpCaps, QpInitAttr, RecvWr, SendOp, SendWr,
+    WcOpcode, WcStatus,
 };
 
 const ROUNDS: usize = 1000;
@@ -62,10 +63,10 @@ struct Run {
     retransmits: u64,
 }
 
-/// Peer B: exposes a region, posts receives for the SENDs, and otherwise just waits.
-fn peer_b(listener: Listener, provider: Provider) -> Res<()> {
-    let lo = device_by_name("lo").map_err(s)?;
-    let ctx = lo
+/// A context on loopback with `provider` forced, its PD and a CQ: what each peer starts from.
+fn open_lo(provider: Provider) -> Res<(Context, ProtectionDomain, CompletionQueue)> {
+    let ctx = device_by_name("lo")
+        .map_err(s)?
         .open(&ContextOptions {
             provider,
             capture: None,
@@ -74,6 +75,12 @@ fn peer_b(listener: Listener, provider: Provider) -> Res<()> {
         .map_err(s)?;
     let pd = ctx.alloc_pd().map_err(s)?;
     let cq = ctx.create_cq(4096, None).map_err(s)?;
+    Ok((ctx, pd, cq))
+}
+
+/// Peer B: exposes a region, posts receives for the SENDs, and otherwise just waits.
+fn peer_b(listener: Listener, provider: Provider) -> Res<()> {
+    let (_ctx, pd, cq) = open_lo(provider)?;
     let caps = QpCaps {
         max_recv_wr: 4096,
         ..QpCaps::default()
@@ -227,16 +234,7 @@ fn print_report(udp: &Run, shm: &Run) {
 }
 
 fn peer_a(cm_addr: SocketAddr, provider: Provider) -> Res<Run> {
-    let lo = device_by_name("lo").map_err(s)?;
-    let ctx = lo
-        .open(&ContextOptions {
-            provider,
-            capture: None,
-            ..ContextOptions::with_port(0)
-        })
-        .map_err(s)?;
-    let pd = ctx.alloc_pd().map_err(s)?;
-    let cq = ctx.create_cq(4096, None).map_err(s)?;
+    let (ctx, pd, cq) = open_lo(provider)?;
     let qp = pd
         .create_qp(&QpInitAttr::new(&cq, QpCaps::default()))
         .map_err(s)?;
