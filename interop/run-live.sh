@@ -97,7 +97,8 @@ check() {
   if "$@" > "$OUT/$name.log" 2>&1; then
     echo "ok    $name"; pass=$((pass+1))
   else
-    echo "FAIL  $name"; sed 's/^/      /' "$OUT/$name.log" | tail -15; failed+=("$name")
+    echo "FAIL  $name"; grep -v '^   [a-z_]* *[0-9]*$' "$OUT/$name.log" | sed 's/^/      /' | tail -25
+    failed+=("$name")
   fi
 }
 # counter FILE NAME: a counter's value in ferroce's --counters output.
@@ -105,26 +106,45 @@ counter() { awk -v c="$2" '$1==c{print $2; exit}' "$1"; }
 # wait_listen: until something listens on TCP 18515 in the namespace (at most 10 s).
 wait_listen() { local i=0; while ! ss -ltn | grep -q ':18515 ' && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; }
 
-# guest_server TOOLCMD / ferroce client ARGS...: the real tool serves in the guest, ferroce
+# The guest runs one submitted command at a time, so a tool left waiting for a peer that failed
+# would hold up every test after it: a server tool runs in the background of its command, and a
+# failed test kills what it left in the guest.
+# gstart TAG TOOLCMD: starts the tool in the guest; its output goes to out/TAG.log, its exit
+# status to out/TAG.rc. gfinish TAG [SECONDS]: waits for it (killing it when ferroce failed).
+gstart() {
+  rm -f "$RUN/vm0/out/$1.rc"
+  gexec 0 "(timeout 120 $2 > /share/out/$1.log 2>&1; echo \$? > /share/out/$1.rc) &" 10 >/dev/null
+}
+gfinish() {
+  local i=0 limit=$((${2:-150} * 5))
+  while [ ! -f "$RUN/vm0/out/$1.rc" ]; do
+    sleep 0.2; i=$((i+1))
+    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|rdma_imm'; true" 10 >/dev/null; sleep 1; break; }
+  done
+  cat "$RUN/vm0/out/$1.rc" 2>/dev/null || echo 124
+}
+# guest_server TAG TOOLCMD / ferroce client ARGS...: the real tool serves in the guest, ferroce
 # connects; both must succeed. The ferroce output lands in $OUT/$TAG.out, the tool's in .rxe.
 guest_server() {
   local tag=$1 tool=$2; shift 2
-  local n; n=$(gsubmit 0 "timeout 150 $tool")
-  timeout 170 "$@" > "$OUT/$tag.out" 2>&1; local rc=$?
-  gwait 0 "$n" 180; local rs=$?
-  cp "$RUN/vm0/out/$n.log" "$OUT/$tag.rxe"
-  echo "--- ferroce (exit $rc): $*"; cat "$OUT/$tag.out"; echo "--- rxe (exit $rs): $tool"; cat "$OUT/$tag.rxe"
-  [ $rc -eq 0 ] && [ $rs -eq 0 ]
+  gstart "$tag" "$tool"
+  timeout 150 "$@" > "$OUT/$tag.out" 2>&1; local rc=$?
+  # A ferroce that failed leaves the tool waiting for it: give the tool a moment, not minutes.
+  local rs; if [ $rc -eq 0 ]; then rs=$(gfinish "$tag" 150); else rs=$(gfinish "$tag" 3); fi
+  cp "$RUN/vm0/out/$tag.log" "$OUT/$tag.rxe" 2>/dev/null
+  # ferroce's part last: a failure's tail then shows its own message and exit status.
+  echo "--- rxe (exit $rs): $tool"; cat "$OUT/$tag.rxe"; echo "--- ferroce (exit $rc): $*"; cat "$OUT/$tag.out"
+  [ $rc -eq 0 ] && [ "$rs" -eq 0 ]
 }
 # guest_client TAG TOOLCMD / ferroce server ARGS...: ferroce serves, the real tool connects.
 guest_client() {
   local tag=$1 tool=$2; shift 2
-  timeout 170 "$@" > "$OUT/$tag.out" 2>&1 &
+  timeout 150 "$@" > "$OUT/$tag.out" 2>&1 &
   local p=$!
   wait_listen
-  gexec 0 "timeout 150 $tool" 180 > "$OUT/$tag.rxe"; local rc=$?
+  gexec 0 "timeout 120 $tool" 150 > "$OUT/$tag.rxe"; local rc=$?
   wait $p; local rs=$?
-  echo "--- ferroce (exit $rs): $*"; cat "$OUT/$tag.out"; echo "--- rxe (exit $rc): $tool"; cat "$OUT/$tag.rxe"
+  echo "--- rxe (exit $rc): $tool"; cat "$OUT/$tag.rxe"; echo "--- ferroce (exit $rs): $*"; cat "$OUT/$tag.out"
   [ $rc -eq 0 ] && [ $rs -eq 0 ]
 }
 

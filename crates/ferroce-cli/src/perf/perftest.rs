@@ -339,6 +339,12 @@ fn connect(args: &PerfArgs, s: &Side, port: u16) -> Res<()> {
         .map_err(|e| format!("moving the QP to RTS: {e}"))
 }
 
+/// When a wait that began now gives up: `--timeout` seconds without progress (a slow peer,
+/// such as rxe in a guest under TCG on a lossy link, may take far longer than that in all).
+fn stall_limit(args: &PerfArgs) -> Instant {
+    Instant::now() + args.timeout()
+}
+
 fn wait_one(s: &Side, deadline: Instant, what: &str) -> Res<ferroce::WorkCompletion> {
     loop {
         if let Some(wc) = s.cq.poll_one().map_err(|e| e.to_string())? {
@@ -393,7 +399,6 @@ fn atomic_op(args: &PerfArgs) -> SendOp {
 /// `ib_write_lat`'s ping-pong: wait for the peer's counter in the last byte of the target
 /// area, then WRITE this side's (the server writes first). Returns the post times.
 fn write_lat(args: &PerfArgs, s: &Side, size: u64, iters: u64, server: bool) -> Res<Vec<u64>> {
-    let deadline = Instant::now() + args.timeout() + Duration::from_millis(iters);
     let flag_at = s.target_off + size as usize - 1;
     let t0 = Instant::now();
     let mut times = Vec::with_capacity(iters as usize);
@@ -403,6 +408,7 @@ fn write_lat(args: &PerfArgs, s: &Side, size: u64, iters: u64, server: bool) -> 
         if rcnt < iters && !(scnt < 1 && server) {
             rcnt += 1;
             let want = rcnt as u8;
+            let deadline = stall_limit(args);
             let mut looks = 0u32;
             loop {
                 s.buf.read(flag_at, &mut byte).map_err(|e| e.to_string())?;
@@ -427,7 +433,7 @@ fn write_lat(args: &PerfArgs, s: &Side, size: u64, iters: u64, server: bool) -> 
                 .map_err(|e| e.to_string())?;
             times.push(t0.elapsed().as_nanos() as u64);
             post(s, SendOp::Write, size, true)?;
-            wait_one(s, deadline, "RDMA WRITE")?;
+            wait_one(s, stall_limit(args), "RDMA WRITE")?;
         }
     }
     Ok(times)
@@ -436,7 +442,6 @@ fn write_lat(args: &PerfArgs, s: &Side, size: u64, iters: u64, server: bool) -> 
 /// One READ or atomic at a time (the client of `ib_read_lat`/`ib_atomic_lat`): each sample
 /// is a whole operation.
 fn one_at_a_time(args: &PerfArgs, s: &Side, size: u64, iters: u64) -> Res<Vec<u64>> {
-    let deadline = Instant::now() + args.timeout() + Duration::from_millis(iters);
     let mut samples = Vec::with_capacity(iters as usize);
     for _ in 0..iters {
         let t = Instant::now();
@@ -444,7 +449,7 @@ fn one_at_a_time(args: &PerfArgs, s: &Side, size: u64, iters: u64) -> Res<Vec<u6
             Test::ReadLat => post(s, SendOp::Read, size, true)?,
             _ => post(s, atomic_op(args), 8, true)?,
         }
-        wait_one(s, deadline, "the operation")?;
+        wait_one(s, stall_limit(args), "the operation")?;
         samples.push(t.elapsed().as_nanos() as u64);
     }
     Ok(samples)
@@ -459,7 +464,6 @@ fn send_lat(
     server: bool,
     rx: u64,
 ) -> Res<Vec<u64>> {
-    let deadline = Instant::now() + args.timeout() + Duration::from_millis(iters);
     let t0 = Instant::now();
     let mut times = Vec::with_capacity(iters as usize);
     let (mut scnt, mut rcnt, mut posted) = (0u64, 0u64, rx);
@@ -468,7 +472,7 @@ fn send_lat(
         if rcnt < iters && (server || scnt > 0) {
             // Wait for the peer's message (receive completions and our sends' may interleave).
             while !recv_pending {
-                let wc = wait_one(s, deadline, "a receive")?;
+                let wc = wait_one(s, stall_limit(args), "a receive")?;
                 if wc.opcode == ferroce::WcOpcode::Recv {
                     recv_pending = true;
                 }
@@ -485,7 +489,7 @@ fn send_lat(
             times.push(t0.elapsed().as_nanos() as u64);
             post(s, SendOp::Send, size, false)?;
             loop {
-                let wc = wait_one(s, deadline, "a send")?;
+                let wc = wait_one(s, stall_limit(args), "a send")?;
                 if wc.opcode == ferroce::WcOpcode::Recv {
                     recv_pending = true;
                 } else {
@@ -500,7 +504,6 @@ fn send_lat(
 /// The client of a bandwidth test: `tx_depth` requests in flight, every one signaled; the
 /// completion times since the first post.
 fn bw_client(args: &PerfArgs, s: &Side, size: u64, iters: u64) -> Res<Vec<u64>> {
-    let deadline = Instant::now() + args.timeout() + Duration::from_millis(iters);
     let depth = u64::from(args.tx_depth);
     let t0 = Instant::now();
     let mut times = Vec::with_capacity(iters as usize);
@@ -515,7 +518,7 @@ fn bw_client(args: &PerfArgs, s: &Side, size: u64, iters: u64) -> Res<Vec<u64>> 
             }
             posted += 1;
         }
-        wait_one(s, deadline, "a request")?;
+        wait_one(s, stall_limit(args), "a request")?;
         done += 1;
         times.push(t0.elapsed().as_nanos() as u64);
     }
@@ -524,12 +527,11 @@ fn bw_client(args: &PerfArgs, s: &Side, size: u64, iters: u64) -> Res<Vec<u64>> 
 
 /// The server of `ib_send_bw`: receives `iters` messages, reposting; the completion times.
 fn send_bw_server(args: &PerfArgs, s: &Side, size: u64, iters: u64, rx: u64) -> Res<Vec<u64>> {
-    let deadline = Instant::now() + args.timeout() + Duration::from_millis(iters);
     let mut times = Vec::with_capacity(iters as usize);
     let mut t0 = None;
     let mut posted = rx;
     for _ in 0..iters {
-        wait_one(s, deadline, "a receive")?;
+        wait_one(s, stall_limit(args), "a receive")?;
         let start = *t0.get_or_insert_with(Instant::now);
         times.push(start.elapsed().as_nanos() as u64);
         if posted < iters {
