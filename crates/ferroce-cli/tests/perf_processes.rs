@@ -390,6 +390,15 @@ fn unreachable_peer_and_bad_arguments_fail_in_one_line() {
         &["perf", "write_lat", "--size", "0", "--loopback"],
         &["perf", "write_bw", "--mtu", "1000", "--loopback"],
         &["pingpong", "--size", "0"],
+        &["pingpong", "-m", "1000", "--loopback"],
+        &["pingpong", "--ib-port", "2"],
+        // What perftest's exchange would need and ferroce does not do: refused before any
+        // connection is made.
+        &["perf", "write_bw", "--perftest", "-q", "2", "127.0.0.1"],
+        &["perf", "write_bw", "--perftest", "-a", "127.0.0.1"],
+        &["perf", "atomic_lat", "--perftest", "-s", "16", "127.0.0.1"],
+        &["perf", "write_bw", "--perftest", "--loopback"],
+        &["perf", "atomic_bw", "--perftest", "-A", "SWAP", "127.0.0.1"],
     ] {
         let out = ferroce().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
