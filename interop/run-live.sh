@@ -113,7 +113,7 @@ wait_listen() { local i=0; while ! ss -ltn | grep -q ':18515 ' && [ $i -lt 100 ]
 # status to out/TAG.rc. gfinish TAG [SECONDS]: waits for it (killing it when ferroce failed).
 gstart() {
   rm -f "$RUN/vm0/out/$1.rc"
-  gexec 0 "(timeout 120 $2 > /share/out/$1.log 2>&1; echo \$? > /share/out/$1.rc) &" 10 >/dev/null
+  gexec 0 "(timeout 120 $2 > /share/out/$1.log 2>&1; echo \$? > /share/out/$1.rc.tmp; mv /share/out/$1.rc.tmp /share/out/$1.rc) &" 10 >/dev/null
 }
 gfinish() {
   local i=0 limit=$((${2:-150} * 5))
@@ -143,6 +143,8 @@ guest_client() {
   local p=$!
   wait_listen
   gexec 0 "timeout 120 $tool" 150 > "$OUT/$tag.rxe"; local rc=$?
+  # A tool that failed leaves ferroce waiting for it: a moment, not minutes.
+  if [ $rc -ne 0 ]; then sleep 3; kill $p 2>/dev/null; fi
   wait $p; local rs=$?
   echo "--- rxe (exit $rc): $tool"; cat "$OUT/$tag.rxe"; echo "--- ferroce (exit $rs): $*"; cat "$OUT/$tag.out"
   [ $rc -eq 0 ] && [ $rs -eq 0 ]
@@ -199,9 +201,14 @@ done
 
 # ---- 3. SEND and WRITE with immediate ---------------------------------------------------------
 imm_client() {
-  guest_server "imm_c$1" "rdma_imm -g 1 $1" "$IMM" $G &&
-    [ "$(grep -c 'imm_data 0x' "$OUT/imm_c$1.rxe")" -eq 4 ] && grep -q "^ok" "$OUT/imm_c$1.rxe" &&
-    grep -q "\[8192\]=0x40 \[12288+4095\]=0x7f" "$OUT/imm_c$1.rxe"
+  guest_server "imm_c$1" "rdma_imm -g 1 $1" "$IMM" $G || return 1
+  local f=$OUT/imm_c$1.rxe line
+  # Each receive with its opcode (128 RECV, 129 RECV_RDMA_WITH_IMM), length and immediate.
+  for line in "opcode 128 len 64 imm_data 0x11223344" "opcode 128 len 4096 imm_data 0x55667788" \
+              "opcode 129 len 64 imm_data 0x99aabbcc" "opcode 129 len 4096 imm_data 0xddeeff00"; do
+    grep -q "recv: wc $line" "$f" || { echo "missing: $line"; return 1; }
+  done
+  grep -q "^ok" "$f" && grep -q "\[8192\]=0x40 \[12288+4095\]=0x7f" "$f"
 }
 imm_server() {
   guest_client "imm_s$1" "rdma_imm -g 1 $H" "$IMM" $1 --bind $H &&
@@ -235,7 +242,8 @@ lossy() {
   local t=$1 opts=$2 bytes=$3 role=$4; shift 4
   "pt_$role" "$t" "$opts" _loss "$bytes" || return 1
   local f=$OUT/pt_${role:0:1}_${t}_loss.out sum=0 c
-  for c in "$@"; do sum=$((sum + $(counter "$f" "$c"))); done
+  local v
+  for c in "$@"; do v=$(counter "$f" "$c"); sum=$((sum + ${v:-0})); done
   echo "recovery counters ($*): $sum"
   [ "$sum" -gt 0 ]
 }
@@ -252,12 +260,21 @@ counters_rxe > "$OUT/rxe_after.txt"
 
 # ---- 6. the wire and the counters -----------------------------------------------------------------
 icrc_all() {
-  "$F" decode "$OUT/live.pcap" | tail -1 && python3 "$ROOT/scripts/verify_icrc.py" "$OUT/live.pcap"
+  local summary n
+  summary=$("$F" decode "$OUT/live.pcap" | tail -1) || return 1
+  echo "$summary"
+  n=${summary%% *}
+  # The run puts well over 100,000 RoCE packets on the bridge: an empty capture proves nothing.
+  [ "${n:-0}" -ge 10000 ] || { echo "only ${n:-0} RoCE packets captured"; return 1; }
+  python3 "$ROOT/scripts/verify_icrc.py" "$OUT/live.pcap"
 }
 check "capture_every_icrc_verifies" icrc_all
 
 counters_ok() {
-  local bad=0 c b a
+  local bad=0 c b a f
+  for f in rxe_before rxe_clean rxe_after; do
+    grep -q '^rcvd_seq_err [0-9]' "$OUT/$f.txt" || { echo "rxe's counters were not read ($f)"; return 1; }
+  done
   join "$OUT/rxe_before.txt" "$OUT/rxe_clean.txt" | while read -r name before after; do
     printf '   rxe %-24s %10s -> %-10s (+%s) over sections 1-3\n' "$name" "$before" "$after" $((after - before))
   done
@@ -306,4 +323,8 @@ PY
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
 echo "interop: ${#failed[@]} failed, $pass passed in $secs s (guests under TCG)"
+# A check that bash dropped (a syntax error in its arithmetic, say) is a failure too.
+EXPECTED_CHECKS=36
+[ $((pass + ${#failed[@]})) -eq $EXPECTED_CHECKS ] ||
+  { echo "interop: $((pass + ${#failed[@]})) checks ran, $EXPECTED_CHECKS expected"; exit 1; }
 [ ${#failed[@]} -eq 0 ]

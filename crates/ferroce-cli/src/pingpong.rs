@@ -150,7 +150,7 @@ impl Dest {
         let psn = hex("PSN", 0xff_ffff)?;
         let g = f
             .next()
-            .filter(|g| g.len() == 32)
+            .filter(|g| g.len() == 32 && g.is_ascii())
             .ok_or_else(|| bad("GID"))?;
         let mut octets = [0u8; 16];
         for (i, o) in octets.iter_mut().enumerate() {
@@ -388,12 +388,11 @@ fn client_exchange(server: SocketAddr, me: &Dest, deadline: Instant) -> Res<Dest
 /// The server's exchange: the client's address, then (once `ready` connected the QP) its own,
 /// then the client's "done".
 fn server_exchange(
-    listener: &TcpListener,
+    mut stream: TcpStream,
     me: &Dest,
     ready: impl FnOnce(&Dest) -> Res<()>,
     timeout: Duration,
 ) -> Res<Dest> {
-    let (mut stream, _) = listener.accept().map_err(s("accepting the client"))?;
     let _ = stream.set_read_timeout(Some(timeout));
     let mut m = [0u8; MSG_LEN];
     read_exact(&mut stream, &mut m, "address")?;
@@ -600,12 +599,16 @@ pub fn run(a: &PingpongArgs) -> Res<ExitCode> {
             print_counters(a, &side);
         }
         None => {
-            let device = pick_device(a.device.as_deref(), None)?;
-            let side = open_side(a, &device, a.roce_port, None)?;
             let listener = TcpListener::bind((IpAddr::from([0u8; 4]), a.port))
                 .map_err(|e| format!("listening on TCP port {}: {e}", a.port))?;
+            let (stream, _) = listener.accept().map_err(s("accepting the client"))?;
+            // The device is the one the client reached: its address is the GID to announce.
+            // Receives are still posted before this side answers, as the tool does.
+            let local_ip = stream.local_addr().map_err(|e| e.to_string())?.ip();
+            let device = pick_device(a.device.as_deref(), Some(local_ip))?;
+            let side = open_side(a, &device, a.roce_port, Some(local_ip))?;
             let peer = server_exchange(
-                &listener,
+                stream,
                 &side.me,
                 |p| connect_qp(a, &side, p, a.roce_port),
                 timeout,
@@ -644,8 +647,9 @@ fn loopback(a: &PingpongArgs) -> Res<ExitCode> {
         let client_port = from_client
             .recv_timeout(timeout)
             .map_err(|e| e.to_string())?;
+        let (stream, _) = listener.accept().map_err(s("accepting the client"))?;
         server_exchange(
-            &listener,
+            stream,
             &side.me,
             |p| connect_qp(a, &side, p, client_port),
             timeout,

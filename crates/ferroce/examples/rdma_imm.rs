@@ -250,8 +250,18 @@ fn run() -> Res<()> {
             post_recvs()?;
             println!("receives posted 300 ms late (RNR test)");
         }
-        for &(_, len, imm, name) in &MESSAGES {
+        for &(write, len, imm, name) in &MESSAGES {
             let wc = wait(&cq, "recv")?;
+            // A WRITE with immediate must complete as one (its bytes went to the address its
+            // RETH named, not into this receive's buffer).
+            let want = if write {
+                ferroce::WcOpcode::RecvRdmaWithImm
+            } else {
+                ferroce::WcOpcode::Recv
+            };
+            if wc.opcode != want {
+                return Err(format!("{name}: completed as {:?}", wc.opcode));
+            }
             // A WRITE with immediate consumes a receive, and says how many bytes it wrote.
             if wc.imm_data != Some(imm) {
                 return Err(format!(

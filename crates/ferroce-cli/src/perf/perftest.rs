@@ -142,8 +142,15 @@ impl Link {
         self.hand_shake(me)?;
         let _ = self.stream.write_all(b"done\0");
         let _ = self.stream.set_read_timeout(Some(Duration::from_secs(15)));
+        // Until the peer's own "done" (perftest 4.5 sends one) or its close.
+        let mut got = 0;
         let mut sink = [0u8; 64];
-        while matches!(self.stream.read(&mut sink), Ok(n) if n > 0) {}
+        while got < 5 {
+            match self.stream.read(&mut sink) {
+                Ok(n) if n > 0 => got += n,
+                _ => break,
+            }
+        }
         Ok(())
     }
 }
@@ -183,8 +190,16 @@ fn mtu_of_code(c: u8) -> Option<PathMtu> {
     .ok()
 }
 
+/// What the pre-exchange settles: the path MTU, and the page size and cache line both sides
+/// lay their buffers out with (the larger of each side's).
+struct Layout {
+    mtu: PathMtu,
+    cycle: usize,
+    line: usize,
+}
+
 /// Version, page size, cache line and MTU, as perftest exchanges them before any key.
-fn pre_exchange(link: &mut Link, mtu: PathMtu) -> Res<PathMtu> {
+fn pre_exchange(link: &mut Link, mtu: PathMtu) -> Res<Layout> {
     let mut v = [0u8; 16];
     v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
     let mut rv = [0u8; 16];
@@ -202,17 +217,32 @@ fn pre_exchange(link: &mut Link, mtu: PathMtu) -> Res<PathMtu> {
             "the peer speaks perftest version {peer_version:?}; ferroce speaks the conversation of versions 5.70 to 6.27 (perftest 4.5 sends 6.06)"
         ));
     }
-    let mut r4 = [0u8; 4];
-    link.xchg(&PAGE.to_be_bytes(), &mut r4, "page sizes")?;
-    link.xchg(&CACHE_LINE.to_be_bytes(), &mut r4, "cache lines")?;
+    let mut page = [0u8; 4];
+    link.xchg(&PAGE.to_be_bytes(), &mut page, "page sizes")?;
+    let mut line = [0u8; 4];
+    link.xchg(&CACHE_LINE.to_be_bytes(), &mut line, "cache lines")?;
     let mut rm = [0u8; 2];
     link.xchg(&[b'0' + mtu_code(mtu), 0], &mut rm, "MTUs")?;
     let theirs = mtu_of_code(rm[0].wrapping_sub(b'0')).unwrap_or(mtu);
-    Ok(mtu.min(theirs))
+    // A peer's values beyond reason (a 1 GiB page) are not believed.
+    let sane = |v: u32, ours: u32| {
+        if v.is_power_of_two() && v <= 1 << 21 {
+            v.max(ours)
+        } else {
+            ours
+        }
+    };
+    Ok(Layout {
+        mtu: mtu.min(theirs),
+        cycle: sane(u32::from_be_bytes(page), PAGE) as usize,
+        line: sane(u32::from_be_bytes(line), CACHE_LINE) as usize,
+    })
 }
 
-fn buff_size(size: u64) -> usize {
-    (size.max(u64::from(PAGE)) as usize).div_ceil(CACHE_LINE as usize) * CACHE_LINE as usize
+/// perftest's BUFF_SIZE rounded up to the cache line: the size of each half of the buffer
+/// (a bandwidth test walks the peer's addresses across a whole page, whatever the size).
+fn buff_size(size: u64, l: &Layout) -> usize {
+    (size as usize).max(l.cycle).div_ceil(l.line) * l.line
 }
 
 fn access_for(test: Test) -> Access {
@@ -261,11 +291,6 @@ fn setup(args: &PerfArgs, link: &mut Link, peer_ip: Option<IpAddr>) -> Res<Side>
     let qp = pd
         .create_qp(&QpInitAttr::new(&cq, caps))
         .map_err(|e| e.to_string())?;
-    let size = args.sizes()[0];
-    let half = buff_size(size);
-    let buf = pd
-        .alloc_mr(2 * half, Access::LOCAL_WRITE.with(access_for(args.test)))
-        .map_err(|e| format!("allocating the buffer: {e}"))?;
     let test = args.test;
     qp.modify_to_init(&InitAttr {
         access: access_for(test),
@@ -279,7 +304,12 @@ fn setup(args: &PerfArgs, link: &mut Link, peer_ip: Option<IpAddr>) -> Res<Side>
         .map_err(|e| e.to_string())?
         .unwrap_or(PathMtu::Mtu1024)
         .min(device.active_mtu());
-    let mtu = pre_exchange(link, mtu)?;
+    let layout = pre_exchange(link, mtu)?;
+    let mtu = layout.mtu;
+    let half = buff_size(args.sizes()[0], &layout);
+    let buf = pd
+        .alloc_mr(2 * half, Access::LOCAL_WRITE.with(access_for(test)))
+        .map_err(|e| format!("allocating the buffer: {e}"))?;
     let me = Key {
         lid: 0,
         out_reads: if matches!(
@@ -542,28 +572,37 @@ fn send_bw_server(args: &PerfArgs, s: &Side, size: u64, iters: u64, rx: u64) -> 
     Ok(times)
 }
 
-/// The client's figures, as perftest's report exchange carries them.
-fn report_bytes(st: &BwStats) -> [[u8; 8]; 5] {
+/// MB/s (2^20 bytes) to Gb/s, perftest's two units.
+fn gbits(mb_s: f64) -> f64 {
+    mb_s * (1u64 << 20) as f64 * 8.0 / 1e9
+}
+
+/// The client's figures, as perftest's report exchange carries them: bandwidth in the unit the
+/// run reports in (Gb/s with --report_gbits, else MB/s), message rate in Mpps.
+fn report_bytes(st: &BwStats, in_gbits: bool) -> [[u8; 8]; 5] {
+    let unit = |v: f64| if in_gbits { gbits(v) } else { v };
     [
         st.bytes.to_be_bytes(),
         st.iterations.to_be_bytes(),
-        st.bw_peak.to_bits().to_be_bytes(),
-        st.bw_avg.to_bits().to_be_bytes(),
+        unit(st.bw_peak).to_bits().to_be_bytes(),
+        unit(st.bw_avg).to_bits().to_be_bytes(),
         st.msg_rate.to_bits().to_be_bytes(),
     ]
 }
 
-fn exchange_report(link: &mut Link, mine: &BwStats) -> Res<BwStats> {
+/// Exchanges the bandwidth reports; returns the peer's, in MB/s.
+fn exchange_report(link: &mut Link, mine: &BwStats, in_gbits: bool) -> Res<BwStats> {
     let mut got = [[0u8; 8]; 5];
-    for (m, g) in report_bytes(mine).iter().zip(got.iter_mut()) {
+    for (m, g) in report_bytes(mine, in_gbits).iter().zip(got.iter_mut()) {
         link.xchg(m, g, "bandwidth reports")?;
     }
     let f = |i: usize| f64::from_bits(u64::from_be_bytes(got[i]));
+    let mb = |v: f64| if in_gbits { v / gbits(1.0) } else { v };
     Ok(BwStats {
         bytes: u64::from_be_bytes(got[0]),
         iterations: u64::from_be_bytes(got[1]),
-        bw_peak: f(2),
-        bw_avg: f(3),
+        bw_peak: mb(f(2)),
+        bw_avg: mb(f(3)),
         msg_rate: f(4),
     })
 }
@@ -583,7 +622,7 @@ fn print_bw(args: &PerfArgs, st: &BwStats) {
         return;
     }
     if args.report_gbits {
-        let g = |mb: f64| mb * (1u64 << 20) as f64 * 8.0 / 1e9;
+        let g = gbits;
         println!(
             " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
         );
@@ -608,6 +647,11 @@ fn refuse_unsupported(args: &PerfArgs) -> Res<()> {
     }
     if args.all {
         return Err("--perftest runs one size at a time (no -a)".into());
+    }
+    if args.test == Test::WriteLat && args.size == Some(0) {
+        return Err(
+            "ib_write_lat needs at least 1 byte (-s 1): its last byte carries the count".into(),
+        );
     }
     if args.test.is_atomic() && args.size.is_some_and(|s| s != 8) {
         return Err("Message size cannot be changed for Atomic tests".into());
@@ -655,12 +699,15 @@ pub(super) fn run(args: &PerfArgs) -> Res<ExitCode> {
                 args.port
             );
             let (stream, _) = l.accept().map_err(|e| e.to_string())?;
+            // The device is the one the client reached (its address is the GID to announce),
+            // unless --bind or -d says otherwise.
+            let here = stream.local_addr().map_err(|e| e.to_string())?.ip();
             (
                 Link {
                     stream,
                     client: false,
                 },
-                None,
+                Some(here),
             )
         }
     };
@@ -722,13 +769,17 @@ pub(super) fn run(args: &PerfArgs) -> Res<ExitCode> {
             if server {
                 // The client's test runs now; this side's engine serves it.
                 link.hand_shake(&me)?;
-                let theirs = exchange_report(&mut link, &BwStats::from_completions(size, &[]))?;
+                let theirs = exchange_report(
+                    &mut link,
+                    &BwStats::from_completions(size, &[]),
+                    args.report_gbits,
+                )?;
                 print_bw(args, &theirs);
             } else {
                 let times = bw_client(args, &s, size, iters)?;
                 let st = BwStats::from_completions(size, &times);
                 link.hand_shake(&me)?;
-                exchange_report(&mut link, &st)?;
+                exchange_report(&mut link, &st, args.report_gbits)?;
                 print_bw(args, &st);
             }
             link.close(&me)?;

@@ -343,14 +343,8 @@ impl LastQp {
 }
 /// Computes the ICRC of each packet for the frame `h` describes, with the IPv4 Identification
 /// the packet will leave with: its place in the run (0, 1, 2, ...) when `numbered` (the
-/// segments of one GSO send), else 0; records each in the capture as sealed.
-fn seal(
-    shared: &ContextShared,
-    h: &mut UdpFrameHeaders,
-    bufs: &mut [Vec<u8>],
-    lens: &[usize],
-    numbered: bool,
-) {
+/// segments of one GSO send), else 0.
+fn seal(h: &mut UdpFrameHeaders, bufs: &mut [Vec<u8>], lens: &[usize], numbered: bool) {
     for (i, (buf, &n)) in bufs.iter_mut().zip(lens).enumerate() {
         h.ident = if numbered { i as u16 } else { 0 };
         let buf = &mut buf[..n];
@@ -359,9 +353,24 @@ fn seal(
                 RocePacket::new_unchecked(&mut buf[..]).set_icrc(crc);
             }
         }
-        if let Some(c) = &shared.udp.capture {
-            c.record(h, buf);
-        }
+    }
+    h.ident = 0;
+}
+
+/// Records packets in the capture (if one is written) as they left: sealed as `seal` did.
+fn record(
+    shared: &ContextShared,
+    h: &mut UdpFrameHeaders,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    numbered: bool,
+) {
+    let Some(c) = &shared.udp.capture else {
+        return;
+    };
+    for (i, (buf, &n)) in bufs.iter().zip(lens).enumerate() {
+        h.ident = if numbered { i as u16 } else { 0 };
+        c.record(h, &buf[..n]);
     }
     h.ident = 0;
 }
@@ -392,7 +401,8 @@ fn send_all(
     let dest = SocketAddr::new(h.dst, h.dst_port);
     let k = lens.len();
     if !shared.udp.gso.load(Ordering::Relaxed) {
-        seal(shared, h, bufs, lens, false);
+        seal(h, bufs, lens, false);
+        record(shared, h, bufs, lens, false);
         return sys::send_batch(fd, bufs, lens, &dest);
     }
     let mut i = 0;
@@ -400,9 +410,12 @@ fn send_all(
     while i < k {
         if let Some(run) = gso_worthy(&lens[i..k]) {
             let (b, l) = (&mut bufs[i..i + run], &lens[i..i + run]);
-            seal(shared, h, b, l, true);
+            seal(h, b, l, true);
             match sys::send_gso(fd, b, l, &dest) {
-                Ok(n) => sent += n,
+                Ok(n) => {
+                    record(shared, h, b, l, true);
+                    sent += n;
+                }
                 Err(e) => {
                     // No GSO here (or not for this socket): fall back for good. A passing
                     // condition (no route during a link flap, a full queue) is no reason to.
@@ -414,7 +427,8 @@ fn send_all(
                         shared.udp.gso.store(false, Ordering::Relaxed);
                     }
                     // Sent one by one, every packet leaves with Identification 0.
-                    seal(shared, h, b, l, false);
+                    seal(h, b, l, false);
+                    record(shared, h, b, l, false);
                     sent += sys::send_batch(fd, b, l, &dest)?;
                 }
             }
@@ -424,7 +438,8 @@ fn send_all(
             while j < k && gso_worthy(&lens[j..k]).is_none() {
                 j += 1;
             }
-            seal(shared, h, &mut bufs[i..j], &lens[i..j], false);
+            seal(h, &mut bufs[i..j], &lens[i..j], false);
+            record(shared, h, &bufs[i..j], &lens[i..j], false);
             sent += sys::send_batch(fd, &bufs[i..j], &lens[i..j], &dest)?;
             i = j;
         }
