@@ -241,6 +241,7 @@ fn transmit_qp(
                 peer,
                 held_ack,
                 mr_cache,
+                retired,
                 ..
             } = &mut *core;
             if q.next_timeout().is_some_and(|t| t <= now) {
@@ -269,6 +270,7 @@ fn transmit_qp(
             }
             if k == 1
                 && shm.is_none()
+                && !*retired
                 && app_driving
                 && recent_request
                 && is_plain_ack(&st.tx[0][..st.tx_lens[0]])
@@ -340,6 +342,8 @@ fn transmit_qp(
 pub(crate) fn flush_held_ack(shared: &ContextShared, qp: &QpShared) {
     let (held, peer) = {
         let mut core = qp.qp.lock();
+        // A pass already under way may still make this QP an ACK: it must not hold it.
+        core.retired = true;
         (core.held_ack.take(), core.peer)
     };
     let (Some(h), Some(peer)) = (held, peer) else {

@@ -30,6 +30,8 @@ pub(crate) struct QpCore {
     /// One-sided operations done directly in a same-host peer's memory (no packet) through
     /// this QP: by its posts, and by its senders once they are dropped.
     pub direct_ops: u64,
+    /// Set when the QP is destroyed: from then on no ACK is held back (nobody would send it).
+    pub retired: bool,
 }
 
 impl QpCore {
@@ -41,6 +43,7 @@ impl QpCore {
             held_ack: None,
             mr_cache: MrCache::default(),
             direct_ops: 0,
+            retired: false,
         }
     }
 }
