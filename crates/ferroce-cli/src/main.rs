@@ -10,6 +10,7 @@ mod demo;
 mod devices;
 mod perf;
 mod pingpong;
+mod route;
 mod sim;
 
 use std::process::ExitCode;

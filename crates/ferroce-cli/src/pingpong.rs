@@ -29,10 +29,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use ferroce::{
-    device_by_name, devices, Access, CompletionChannel, CompletionQueue, Context, ContextOptions,
-    Device, InitAttr, MemoryRegion, PathMtu, ProtectionDomain, Psn, QpCaps, QpInitAttr, QueuePair,
-    RecvWr, RtrAttr, RtsAttr, SendOp, SendWr, WcStatus,
+    Access, CompletionChannel, CompletionQueue, Context, ContextOptions, Device, InitAttr,
+    MemoryRegion, PathMtu, ProtectionDomain, Psn, QpCaps, QpInitAttr, QueuePair, RecvWr, RtrAttr,
+    RtsAttr, SendOp, SendWr, WcStatus,
 };
+
+use crate::route;
 
 type Res<T> = Result<T, String>;
 
@@ -189,35 +191,6 @@ fn s<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
-/// The device to use: named, or the one holding `ip`.
-fn pick_device(name: Option<&str>, ip: Option<IpAddr>) -> Res<Device> {
-    if let Some(n) = name {
-        return device_by_name(n).map_err(|e| e.to_string());
-    }
-    let all = devices().map_err(|e| e.to_string())?;
-    let holds = |d: &Device, ip: IpAddr| d.gids().iter().any(|g| g.ip == ip);
-    match ip {
-        Some(ip) => all.into_iter().find(|d| holds(d, ip)),
-        None => all
-            .into_iter()
-            .find(|d| d.gids().iter().any(|g| g.ip.is_ipv4())),
-    }
-    .ok_or_else(|| "no ferroce device fits (see 'ferroce devices'; choose one with -d)".into())
-}
-
-/// This host's address on the route to `peer` (what the kernel would send from).
-fn source_for(peer: IpAddr) -> Res<IpAddr> {
-    let any: IpAddr = if peer.is_ipv4() {
-        [0u8; 4].into()
-    } else {
-        [0u16; 8].into()
-    };
-    let sock = std::net::UdpSocket::bind((any, 0)).map_err(s("probing the route"))?;
-    sock.connect((peer, 9))
-        .map_err(|e| format!("no route to {peer}: {e}"))?;
-    Ok(sock.local_addr().map_err(s("probing the route"))?.ip())
-}
-
 fn psn_seed() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -229,17 +202,9 @@ fn psn_seed() -> u32 {
 
 /// Opens the device, makes the objects the tool makes, and posts the receives (before the
 /// exchange, as the tool does: the peer may SEND as soon as it is connected).
-fn open_side(
-    a: &PingpongArgs,
-    device: &Device,
-    roce_port: u16,
-    local_ip: Option<IpAddr>,
-) -> Res<Side> {
-    let gid_index = match (a.gid_index, local_ip) {
-        (Some(i), _) => i,
-        (None, Some(ip)) => device.gids().iter().position(|g| g.ip == ip).unwrap_or(0),
-        (None, None) => 0,
-    };
+/// `-g` chooses the GID, else the one of the address the peer is reached by (`gid_index`).
+fn open_side(a: &PingpongArgs, device: &Device, gid_index: usize, roce_port: u16) -> Res<Side> {
+    let gid_index = a.gid_index.unwrap_or(gid_index);
     let ctx = device
         .open(&ContextOptions {
             gid_index,
@@ -587,9 +552,9 @@ pub fn run(a: &PingpongArgs) -> Res<ExitCode> {
                 .map_err(|e| format!("{host}: {e}"))?
                 .find(|s| s.is_ipv4())
                 .ok_or_else(|| format!("{host}: no IPv4 address"))?;
-            let local_ip = source_for(server.ip())?;
-            let device = pick_device(a.device.as_deref(), Some(local_ip))?;
-            let side = open_side(a, &device, a.roce_port, Some(local_ip))?;
+            let local_ip = route::source_for(server.ip())?;
+            let (device, gid) = route::device_for(a.device.as_deref(), local_ip)?;
+            let side = open_side(a, &device, gid, a.roce_port)?;
             let peer = client_exchange(server, &side.me, Instant::now() + timeout)?;
             connect_qp(a, &side, &peer, a.roce_port)?;
             side.me.print("local address: ");
@@ -605,8 +570,8 @@ pub fn run(a: &PingpongArgs) -> Res<ExitCode> {
             // The device is the one the client reached: its address is the GID to announce.
             // Receives are still posted before this side answers, as the tool does.
             let local_ip = stream.local_addr().map_err(|e| e.to_string())?.ip();
-            let device = pick_device(a.device.as_deref(), Some(local_ip))?;
-            let side = open_side(a, &device, a.roce_port, Some(local_ip))?;
+            let (device, gid) = route::device_for(a.device.as_deref(), local_ip)?;
+            let side = open_side(a, &device, gid, a.roce_port)?;
             let peer = server_exchange(
                 stream,
                 &side.me,
@@ -630,7 +595,7 @@ pub fn run(a: &PingpongArgs) -> Res<ExitCode> {
 /// between the two in-process (the exchange itself is the tool's, over TCP).
 fn loopback(a: &PingpongArgs) -> Res<ExitCode> {
     let lo = IpAddr::from([127, 0, 0, 1]);
-    let device = pick_device(a.device.as_deref(), Some(lo))?;
+    let (device, gid) = route::device_for(a.device.as_deref(), lo)?;
     let listener = TcpListener::bind((lo, 0)).map_err(|e| format!("listening on loopback: {e}"))?;
     let cm = listener.local_addr().map_err(|e| e.to_string())?;
     let timeout = Duration::from_secs(a.timeout.max(1));
@@ -640,7 +605,7 @@ fn loopback(a: &PingpongArgs) -> Res<ExitCode> {
     let server_device = device.clone();
     let server = std::thread::spawn(move || -> Res<()> {
         let a = &server_args;
-        let side = open_side(a, &server_device, 0, Some(lo))?;
+        let side = open_side(a, &server_device, gid, 0)?;
         to_client
             .send(side.ctx.local_addr().port())
             .map_err(|e| e.to_string())?;
@@ -661,7 +626,7 @@ fn loopback(a: &PingpongArgs) -> Res<ExitCode> {
         Ok(())
     });
     let client = (|| -> Res<Duration> {
-        let side = open_side(a, &device, 0, Some(lo))?;
+        let side = open_side(a, &device, gid, 0)?;
         to_server
             .send(side.ctx.local_addr().port())
             .map_err(|e| e.to_string())?;

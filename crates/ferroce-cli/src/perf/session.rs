@@ -1,7 +1,7 @@
 //! One side's resources: the device it picks, the context, PD, CQ and QPs it sets up and
 //! connects over the TCP exchange, and the small helpers every round uses on them.
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use ferroce::cm::{self, EndpointInfo, Listener, RemoteRegion};
@@ -12,47 +12,15 @@ use ferroce::{
 
 use super::*;
 
-/// The device to use: named, holding `ip`, or (for a client) the one that routes to `peer`.
+/// The device to use: named, holding `--bind`'s address, or the one that routes to `peer`
+/// (loopback when there is neither).
 pub(super) fn pick_device(args: &PerfArgs, peer: Option<IpAddr>) -> Res<(Device, usize)> {
-    let devices = ferroce::devices().map_err(|e| e.to_string())?;
-    let want_ip = match (args.bind, peer) {
-        (Some(ip), _) => Some(ip),
-        (None, Some(p)) => {
-            // The kernel's choice of source address for that peer.
-            let s = UdpSocket::bind(SocketAddr::new(
-                if p.is_ipv4() {
-                    IpAddr::from([0, 0, 0, 0])
-                } else {
-                    IpAddr::from([0u16; 8])
-                },
-                0,
-            ))
-            .map_err(e("probing the route"))?;
-            s.connect(SocketAddr::new(p, 9))
-                .map_err(e(&format!("no route to {p}")))?;
-            Some(s.local_addr().map_err(e("probing the route"))?.ip())
-        }
-        (None, None) => Some(IpAddr::from([127, 0, 0, 1])),
+    let ip = match (args.bind, peer) {
+        (Some(ip), _) => ip,
+        (None, Some(p)) => crate::route::source_for(p)?,
+        (None, None) => IpAddr::from([127, 0, 0, 1]),
     };
-    if let Some(name) = &args.device {
-        let d = devices
-            .into_iter()
-            .find(|d| d.name() == name || d.ifname() == name)
-            .ok_or_else(|| format!("no device {name} (see 'ferroce devices')"))?;
-        let idx = want_ip
-            .and_then(|ip| d.gids().iter().position(|g| g.ip == ip))
-            .unwrap_or(0);
-        return Ok((d, idx));
-    }
-    let ip = want_ip.unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    for d in devices {
-        if let Some(i) = d.gids().iter().position(|g| g.ip == ip) {
-            return Ok((d, i));
-        }
-    }
-    Err(format!(
-        "no device holds the address {ip} (see 'ferroce devices')"
-    ))
+    crate::route::device_for(args.device.as_deref(), ip)
 }
 
 /// One side's resources, connected.
