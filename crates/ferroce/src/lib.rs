@@ -64,7 +64,7 @@ mod verbs;
 
 pub use error::{Error, Result};
 pub use provider::Provider;
-pub use verbs::context::{Context, ContextOptions};
+pub use verbs::context::{host_slot, Context, ContextOptions};
 pub use verbs::counters::ContextCounters;
 pub use verbs::cq::{empty_wc, CompletionChannel, CompletionQueue};
 pub use verbs::device::{device_by_name, devices, gid_of, ip_of, Device, Gid};

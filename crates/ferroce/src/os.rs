@@ -21,6 +21,28 @@ impl EventFd {
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// A blocking eventfd in semaphore mode: each read takes one of the notifications, and the
+    /// descriptor stays readable while any is left — the shape of a kernel completion channel,
+    /// which a program may poll, make non-blocking or read one event at a time.
+    pub fn new_semaphore() -> io::Result<EventFd> {
+        // SAFETY: as in `new`.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as in `new`.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Takes one notification of a semaphore eventfd if one is there now, without blocking
+    /// (the descriptor itself may be blocking: it is read only after `poll` said readable).
+    pub fn take_one(&self) -> io::Result<bool> {
+        if !wait_readable(&[self.fd()], Some(Duration::ZERO))? {
+            return Ok(false);
+        }
+        Ok(self.drain() > 0)
+    }
+
     /// Adds one to the counter, waking any waiter.
     pub fn notify(&self) {
         let one: u64 = 1;
@@ -28,7 +50,8 @@ impl EventFd {
         let _ = unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Reads and clears the counter; returns it (0 if nothing was pending).
+    /// Reads and clears the counter (takes one notification in semaphore mode); returns it (0 if
+    /// nothing was pending and the descriptor is non-blocking).
     pub fn drain(&self) -> u64 {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a live local; non-blocking.

@@ -34,6 +34,37 @@ pub struct ContextOptions {
     /// A context that writes a capture uses UDP unless shared memory is forced: a capture is
     /// asked for to see the packets.
     pub provider: Provider,
+    /// Take the first free port of the host's slot range (4791, 4792, … see [`host_slot`])
+    /// instead of `port`, and number QPs by the slot, so that a peer on the same host finds a
+    /// QP's port from its number alone. Programs written for libibverbs exchange only a GID and
+    /// a QPN and expect the peer on 4791; this is how several of them share one host.
+    pub host_slot: bool,
+}
+
+/// Several processes of one host, each with its own UDP port, told apart by QPN alone.
+///
+/// A context opened with [`ContextOptions::host_slot`] takes slot `s`: UDP port `4791 + s`, and
+/// QPNs `s << 12 | n`. A QP that connects to a GID of this host finds its peer's port from the
+/// peer's QPN with [`port_of_qpn`]; slot 0 is the standard port, so a peer on another host (or
+/// Linux rxe) reaches the context holding 4791 as it expects. The numbers stay unique per host
+/// because ports are.
+pub mod host_slot {
+    /// Slots a host has (12 bits of the 24-bit QPN).
+    pub const SLOTS: u32 = 1 << 12;
+    /// QPNs a slot has (the other 12 bits).
+    pub const QPNS_PER_SLOT: u32 = 1 << 12;
+    /// The first QPN of slot 0 (QPs 0 and 1 are special in IBTA, rxe starts at 0x11 too).
+    pub const FIRST_QPN: u32 = 0x11;
+
+    /// The UDP port of slot `slot`.
+    pub fn port_of_slot(slot: u32) -> u16 {
+        (u32::from(ferroce_wire::ROCE_V2_UDP_PORT) + slot % SLOTS) as u16
+    }
+
+    /// The UDP port of the context owning `qpn`, for a QP of a host-slot context.
+    pub fn port_of_qpn(qpn: u32) -> u16 {
+        port_of_slot((qpn & 0x00ff_ffff) / QPNS_PER_SLOT)
+    }
 }
 
 impl Default for ContextOptions {
@@ -45,6 +76,7 @@ impl Default for ContextOptions {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
             provider: Provider::from_env().unwrap_or_default(),
+            host_slot: false,
         }
     }
 }
@@ -85,6 +117,8 @@ pub(crate) struct ContextShared {
     /// The shared-memory provider's side (absent when the provider is UDP).
     pub shm: Option<ShmHost>,
     pub(super) next_qpn: AtomicU32,
+    /// The host slot the context holds (see [`host_slot`]), if it was opened with one.
+    pub(crate) slot: Option<u32>,
     pub(super) next_pd: AtomicU32,
 }
 
@@ -106,6 +140,27 @@ impl ContextShared {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// A number for a new QP: the next one, or for a host-slot context the next one of its
+    /// slot that no live QP holds.
+    pub(crate) fn allocate_qpn(&self) -> Result<u32> {
+        let Some(slot) = self.slot else {
+            return Ok(self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff);
+        };
+        let base = slot * host_slot::QPNS_PER_SLOT;
+        let live = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..host_slot::QPNS_PER_SLOT {
+            let qpn =
+                base + self.next_qpn.fetch_add(1, Ordering::Relaxed) % host_slot::QPNS_PER_SLOT;
+            if qpn >= host_slot::FIRST_QPN && !live.contains_key(&qpn) {
+                return Ok(qpn);
+            }
+        }
+        Err(Error::InvalidArgument(format!(
+            "all {} QPNs of host slot {slot} are in use",
+            host_slot::QPNS_PER_SLOT
+        )))
     }
 
     pub(crate) fn remove_qp(&self, qpn: u32) {
@@ -131,6 +186,28 @@ impl ContextShared {
                 .add(&c);
         }
     }
+}
+
+/// Binds the first free port of the host's slots (see [`host_slot`]).
+fn open_in_slot(
+    ip: std::net::IpAddr,
+    capture: Option<&std::path::Path>,
+) -> Result<(UdpPort, Option<u32>)> {
+    for slot in 0..host_slot::SLOTS {
+        let addr = SocketAddr::new(ip, host_slot::port_of_slot(slot));
+        match UdpPort::open(addr, capture) {
+            Ok(udp) => return Ok((udp, Some(slot))),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::io(
+        format!(
+            "finding a free host slot on {ip}: all {} ports from 4791 are taken",
+            host_slot::SLOTS
+        ),
+        std::io::Error::from(std::io::ErrorKind::AddrInUse),
+    ))
 }
 
 /// Owns the engine thread: when the last handle (context, PD, MR, CQ, QP) goes, it stops it.
@@ -166,8 +243,12 @@ impl Context {
                 options.gid_index
             ))
         })?;
-        let addr = SocketAddr::new(gid.ip, options.port);
-        let udp = UdpPort::open(addr, options.capture.as_deref())?;
+        let (udp, slot) = if options.host_slot {
+            open_in_slot(gid.ip, options.capture.as_deref())?
+        } else {
+            let addr = SocketAddr::new(gid.ip, options.port);
+            (UdpPort::open(addr, options.capture.as_deref())?, None)
+        };
         let local = udp.local_addr()?;
         let provider = match options.provider {
             Provider::Auto if udp.capture.is_some() => Provider::Udp,
@@ -198,7 +279,8 @@ impl Context {
             retired_qp_counters: Mutex::new(Counters::default()),
             udp,
             shm,
-            next_qpn: AtomicU32::new(0x11),
+            next_qpn: AtomicU32::new(host_slot::FIRST_QPN),
+            slot,
             next_pd: AtomicU32::new(1),
         });
         let for_thread = shared.clone();

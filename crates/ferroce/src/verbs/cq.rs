@@ -24,10 +24,18 @@ const ARMED_SOLICITED: u8 = 2;
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
+    /// One notification per fired CQ (semaphore mode), so the descriptor is readable exactly
+    /// while `fired` is not empty.
     efd: EventFd,
+    /// The [`CompletionQueue::event_id`]s of the CQs that fired, oldest first.
+    fired: Mutex<VecDeque<usize>>,
 }
 
 /// A completion channel: wakes a waiting thread when an armed CQ gets a completion.
+///
+/// Each firing of an armed CQ is one event, read once, in order, as from a kernel completion
+/// channel; the descriptor is readable while an event is waiting. One thread at a time should
+/// wait on a channel (as with `ibv_get_cq_event`).
 #[derive(Debug, Clone)]
 pub struct CompletionChannel {
     pub(crate) inner: Arc<ChannelInner>,
@@ -35,26 +43,61 @@ pub struct CompletionChannel {
 
 impl CompletionChannel {
     pub(crate) fn new() -> Result<CompletionChannel> {
-        let efd = EventFd::new().map_err(|e| Error::io("creating a completion channel", e))?;
+        let efd =
+            EventFd::new_semaphore().map_err(|e| Error::io("creating a completion channel", e))?;
         Ok(CompletionChannel {
-            inner: Arc::new(ChannelInner { efd }),
+            inner: Arc::new(ChannelInner {
+                efd,
+                fired: Mutex::new(VecDeque::new()),
+            }),
         })
     }
 
     /// Blocks until an armed CQ of this channel gets a completion, or `timeout` passes
-    /// (`None`: forever). Returns whether an event arrived. Re-arm the CQ before polling it
-    /// empty, as with `ibv_get_cq_event`.
+    /// (`None`: forever). Returns whether an event arrived (and takes it). Re-arm the CQ before
+    /// polling it empty, as with `ibv_get_cq_event`.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<bool> {
-        if self.inner.efd.drain() > 0 {
-            return Ok(true);
-        }
-        os::wait_readable(&[self.inner.efd.fd()], timeout)
-            .map_err(|e| Error::io("waiting for a completion event", e))?;
-        Ok(self.inner.efd.drain() > 0)
+        Ok(self.next_event(timeout)?.is_some())
     }
 
-    /// The descriptor that becomes readable on an event, for epoll or an async runtime; read
-    /// events with [`Self::get_event`] (`Some(Duration::ZERO)` does not block).
+    /// Like [`Self::get_event`], but says which CQ fired: its [`CompletionQueue::event_id`].
+    pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<usize>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(id) = self.try_next_event()? {
+                return Ok(Some(id));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Ok(None);
+            }
+            os::wait_readable(&[self.inner.efd.fd()], left)
+                .map_err(|e| Error::io("waiting for a completion event", e))?;
+        }
+    }
+
+    /// The next event if one is waiting now (never blocks): the firing CQ's
+    /// [`CompletionQueue::event_id`].
+    pub fn try_next_event(&self) -> Result<Option<usize>> {
+        let taken = self
+            .inner
+            .efd
+            .take_one()
+            .map_err(|e| Error::io("reading a completion event", e))?;
+        if !taken {
+            return Ok(None);
+        }
+        Ok(self
+            .inner
+            .fired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front())
+    }
+
+    /// The descriptor that is readable while an event is waiting, for epoll or an async
+    /// runtime; take events with [`Self::try_next_event`]. It is a blocking descriptor: a
+    /// program may read it only through this type.
     pub fn as_raw_fd(&self) -> RawFd {
         self.inner.efd.fd()
     }
@@ -73,6 +116,11 @@ pub(crate) struct CqInner {
 }
 
 impl CqInner {
+    /// See [`CompletionQueue::event_id`].
+    fn event_id(&self) -> usize {
+        self as *const CqInner as usize
+    }
+
     /// Appends completions (the engine's side) and wakes an armed channel.
     pub(crate) fn push(&self, wcs: &[WorkCompletion]) {
         if wcs.is_empty() {
@@ -102,6 +150,10 @@ impl CqInner {
                 .compare_exchange(armed, UNARMED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
+            ch.fired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(self.event_id());
             ch.efd.notify();
         }
     }
@@ -131,6 +183,12 @@ impl CompletionQueue {
             }),
             ctx,
         }
+    }
+
+    /// What [`CompletionChannel::next_event`] returns when this CQ fires: a number no other
+    /// live CQ has.
+    pub fn event_id(&self) -> usize {
+        self.inner.event_id()
     }
 
     /// The capacity the CQ was created with.

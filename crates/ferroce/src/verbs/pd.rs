@@ -60,7 +60,7 @@ impl ProtectionDomain {
             return Err(Error::Mismatch("a completion queue"));
         }
         let caps: QpCaps = attr.caps;
-        let qpn = shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let qpn = shared.allocate_qpn()?;
         let udp = QpSocket::open(shared.local.ip())?;
         let qp = Arc::new(QpShared {
             qpn,

@@ -101,9 +101,16 @@ impl QueuePair {
         Ok(self.with(|q| q.modify_to_init(attr))?)
     }
 
-    /// INIT → RTR, with the peer on the standard RoCE v2 port 4791.
+    /// INIT → RTR, with the peer on the standard RoCE v2 port 4791 — or, for a context opened
+    /// with [`crate::ContextOptions::host_slot`] and a peer GID of this host, on the port its
+    /// QPN names ([`crate::host_slot::port_of_qpn`]).
     pub fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
-        self.modify_to_rtr_with_port(attr, ferroce_wire::ROCE_V2_UDP_PORT)
+        let port = if self.ctx.shared.slot.is_some() && is_local_address(ip_of(attr.dest_gid)) {
+            crate::host_slot::port_of_qpn(attr.dest_qpn)
+        } else {
+            ferroce_wire::ROCE_V2_UDP_PORT
+        };
+        self.modify_to_rtr_with_port(attr, port)
     }
 
     /// INIT → RTR, with the peer's RoCE socket on `dest_udp_port` (ferroce lets several
@@ -299,6 +306,11 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         self.ctx.shared.remove_qp(self.shared.qpn);
     }
+}
+
+/// Whether `ip` is an address of this host (of this network namespace): binding to it works.
+fn is_local_address(ip: IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 /// The attributes a connection fixes beyond what the peers exchange.

@@ -1,0 +1,358 @@
+//! Completion channels and completion queues: `ibv_create_comp_channel`, `ibv_create_cq`,
+//! `ibv_get_cq_event`, and the `poll_cq`/`req_notify_cq` operations the inline calls reach.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::Mutex;
+
+use ferroce_proto::{WcOpcode, WcStatus, WorkCompletion};
+
+use crate::abi::*;
+use crate::device::{limits, Context};
+use crate::{errno_of, guard, set_errno};
+
+#[repr(C)]
+struct Channel {
+    c: ibv_comp_channel,
+    inner: ferroce::CompletionChannel,
+    /// The CQs tied to the channel, by [`ferroce::CompletionQueue::event_id`].
+    cqs: Mutex<HashMap<usize, usize>>,
+}
+
+#[repr(C)]
+pub(crate) struct Cq {
+    pub c: ibv_cq,
+    pub inner: ferroce::CompletionQueue,
+    channel: *mut Channel,
+}
+
+impl Cq {
+    /// # Safety
+    /// `cq` must be a CQ this library returned and not yet destroyed.
+    pub(crate) unsafe fn from_c<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
+        // SAFETY: `c` is the first field of the repr(C) `Cq`.
+        unsafe { cq.cast::<Cq>().as_ref() }
+    }
+}
+
+/// `ibv_create_comp_channel`.
+#[no_mangle]
+unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: per the API.
+        let Some(c) = (unsafe { Context::from_c(ctx) }) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        match c.ctx.create_comp_channel() {
+            Ok(inner) => {
+                let c = ibv_comp_channel {
+                    context: ctx,
+                    fd: inner.as_raw_fd(),
+                    refcnt: 0,
+                };
+                let ch = Channel {
+                    c,
+                    inner,
+                    cqs: Mutex::new(HashMap::new()),
+                };
+                Box::into_raw(Box::new(ch)).cast()
+            }
+            Err(e) => {
+                set_errno(errno_of(&e));
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `ibv_destroy_comp_channel`: EBUSY while a CQ still uses it, as rdma-core.
+#[no_mangle]
+unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> libc::c_int {
+    guard(libc::EFAULT, || {
+        let ch = ch.cast::<Channel>();
+        // SAFETY: per the API, a channel from ibv_create_comp_channel.
+        let Some(c) = (unsafe { ch.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        if !c.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return libc::EBUSY;
+        }
+        // SAFETY: destroyed once; no CQ points to it any more.
+        drop(unsafe { Box::from_raw(ch) });
+        0
+    })
+}
+
+/// `ibv_create_cq`.
+#[no_mangle]
+unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: libc::c_int,
+    cq_context: *mut libc::c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: libc::c_int,
+) -> *mut ibv_cq {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: per the API.
+        let Some(c) = (unsafe { Context::from_c(ctx) }) else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        let Some(capacity) = usize::try_from(cqe)
+            .ok()
+            .filter(|&n| n >= 1 && n <= limits::MAX_CQE as usize)
+        else {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        };
+        let ch = channel.cast::<Channel>();
+        // SAFETY: per the API, a channel of this context or NULL.
+        let ch_ref = unsafe { ch.as_ref() };
+        let inner = match c.ctx.create_cq(capacity, ch_ref.map(|h| &h.inner)) {
+            Ok(q) => q,
+            Err(e) => {
+                set_errno(errno_of(&e));
+                return std::ptr::null_mut();
+            }
+        };
+        let id = inner.event_id();
+        let cq = Box::into_raw(Box::new(Cq {
+            c: ibv_cq {
+                context: ctx,
+                channel,
+                cq_context,
+                cqe: capacity as i32,
+                ..Default::default()
+            },
+            inner,
+            channel: ch,
+        }));
+        if let Some(h) = ch_ref {
+            h.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, cq as usize);
+        }
+        cq.cast()
+    })
+}
+
+/// `ibv_destroy_cq`.
+#[no_mangle]
+unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> libc::c_int {
+    guard(libc::EFAULT, || {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: per the API, a CQ from ibv_create_cq, destroyed once.
+        let q = unsafe { Box::from_raw(cq.cast::<Cq>()) };
+        // SAFETY: a channel outlives its CQs (its destroy refuses while any is left).
+        if let Some(h) = unsafe { q.channel.as_ref() } {
+            h.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&q.inner.event_id());
+        }
+        0
+    })
+}
+
+/// `ibv_resize_cq`: a ferroce CQ keeps the capacity it was created with.
+#[no_mangle]
+unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: libc::c_int) -> libc::c_int {
+    libc::EOPNOTSUPP
+}
+
+fn fd_is_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL takes no pointer.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+/// `ibv_get_cq_event`: the next armed CQ that fired; blocks unless the program made the
+/// channel's descriptor non-blocking (then EAGAIN, as rdma-core).
+#[no_mangle]
+unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut libc::c_void,
+) -> libc::c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        loop {
+            match ch.inner.try_next_event() {
+                Ok(Some(id)) => {
+                    let found = ch
+                        .cqs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&id)
+                        .copied();
+                    // A CQ destroyed after it fired leaves an event no one can take.
+                    let Some(addr) = found else { continue };
+                    let q = addr as *mut Cq;
+                    // SAFETY: the CQ is alive (it is in the channel's table) and the output
+                    // pointers are the caller's.
+                    unsafe {
+                        if !cq.is_null() {
+                            *cq = q.cast();
+                        }
+                        if !cq_context.is_null() {
+                            *cq_context = (*q).c.cq_context;
+                        }
+                    }
+                    return 0;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    set_errno(errno_of(&e));
+                    return -1;
+                }
+            }
+            if fd_is_nonblocking(ch.c.fd) {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            let mut p = libc::pollfd {
+                fd: ch.c.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0
+                && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+            {
+                return -1;
+            }
+        }
+    })
+}
+
+/// `ibv_ack_cq_events`.
+#[no_mangle]
+unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: libc::c_uint) {
+    // SAFETY: per the API.
+    if let Some(q) = unsafe { cq.as_mut() } {
+        q.comp_events_completed = q.comp_events_completed.wrapping_add(nevents);
+    }
+}
+
+/// `ctx->ops.req_notify_cq`.
+pub(crate) unsafe extern "C" fn req_notify_cq(
+    cq: *mut ibv_cq,
+    solicited_only: libc::c_int,
+) -> libc::c_int {
+    guard(libc::EFAULT, || {
+        // SAFETY: per the API.
+        let Some(q) = (unsafe { Cq::from_c(cq) }) else {
+            return libc::EINVAL;
+        };
+        match q.inner.req_notify(solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+fn wc_status(s: WcStatus) -> ibv_wc_status {
+    match s {
+        WcStatus::Success => IBV_WC_SUCCESS,
+        WcStatus::LocalLengthError => IBV_WC_LOC_LEN_ERR,
+        WcStatus::LocalProtectionError => IBV_WC_LOC_PROT_ERR,
+        WcStatus::LocalQpOperationError => IBV_WC_LOC_QP_OP_ERR,
+        WcStatus::RemoteAccessError => IBV_WC_REM_ACCESS_ERR,
+        WcStatus::RemoteInvalidRequestError => IBV_WC_REM_INV_REQ_ERR,
+        WcStatus::RemoteOperationalError => IBV_WC_REM_OP_ERR,
+        WcStatus::RnrRetryExceeded => IBV_WC_RNR_RETRY_EXC_ERR,
+        WcStatus::TransportRetryExceeded => IBV_WC_RETRY_EXC_ERR,
+        WcStatus::WorkRequestFlushed => IBV_WC_WR_FLUSH_ERR,
+    }
+}
+
+fn wc_opcode(o: WcOpcode) -> ibv_wc_opcode {
+    match o {
+        WcOpcode::Send => IBV_WC_SEND,
+        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
+        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::CompareSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::Recv => IBV_WC_RECV,
+        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
+    }
+}
+
+/// A ferroce completion as rdma-core's `ibv_wc`. The immediate is in network byte order, as
+/// on the wire and as programs expect (they `ntohl` it).
+pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
+    let mut flags = 0;
+    let mut imm_or_rkey = 0u32;
+    if let Some(imm) = w.imm_data {
+        flags |= IBV_WC_WITH_IMM;
+        imm_or_rkey = imm.to_be();
+    } else if let Some(rkey) = w.invalidated_rkey {
+        flags |= IBV_WC_WITH_INV;
+        imm_or_rkey = rkey;
+    }
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: wc_status(w.status),
+        opcode: wc_opcode(w.opcode),
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        __bindgen_anon_1: ibv_wc__bindgen_ty_1 {
+            invalidated_rkey: imm_or_rkey,
+        },
+        qp_num: w.qp_num,
+        src_qp: 0,
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// `ctx->ops.poll_cq`: up to `num_entries` completions, oldest first; a negative value on a
+/// CQ overflow (reported once; no completion is lost).
+pub(crate) unsafe extern "C" fn poll_cq(
+    cq: *mut ibv_cq,
+    num_entries: libc::c_int,
+    wc: *mut ibv_wc,
+) -> libc::c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(q) = (unsafe { Cq::from_c(cq) }) else {
+            return -1;
+        };
+        let want = usize::try_from(num_entries).unwrap_or(0);
+        if want == 0 || wc.is_null() {
+            return 0;
+        }
+        let mut buf = [ferroce::empty_wc(); 32];
+        let mut done = 0usize;
+        while done < want {
+            let chunk = (want - done).min(buf.len());
+            let n = match q.inner.poll(&mut buf[..chunk]) {
+                Ok(n) => n,
+                Err(e) => {
+                    set_errno(errno_of(&e));
+                    return if done > 0 { done as i32 } else { -1 };
+                }
+            };
+            for (i, w) in buf[..n].iter().enumerate() {
+                // SAFETY: done + i < want = the caller's array length.
+                unsafe { *wc.add(done + i) = to_ibv_wc(w) };
+            }
+            done += n;
+            if n < chunk {
+                break;
+            }
+        }
+        done as libc::c_int
+    })
+}

@@ -1,0 +1,84 @@
+//! A drop-in `libibverbs.so.1` over ferroce.
+//!
+//! Every RDMA program is written against rdma-core's libibverbs C API. This crate implements that
+//! API over ferroce's verbs, so an unmodified binary (`ibv_devinfo`, `ibv_rc_pingpong`,
+//! perftest, …) runs on any Linux machine with no RDMA NIC and no kernel module:
+//!
+//! ```text
+//! scripts/build-libibverbs.sh            # → target/ibverbs/libibverbs.so.1
+//! LD_LIBRARY_PATH=$PWD/target/ibverbs ibv_devinfo
+//! ```
+//!
+//! # How it is put together
+//! - [`abi`] holds rdma-core's structures, generated from the installed headers; the layout
+//!   test compiles a C program against those headers and compares every offset that matters.
+//! - Each object the library hands out (`ibv_context`, `ibv_pd`, `ibv_mr`, `ibv_cq`, `ibv_qp`,
+//!   …) is the first field of a `#[repr(C)]` box that also holds the ferroce handle behind it,
+//!   so a pointer the program passes back is turned into the box by a cast.
+//! - `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq` and
+//!   `ibv_post_srq_recv` are `static inline` in `<infiniband/verbs.h>`: they call through the
+//!   context's `ops` table, which [`device`] fills.
+//! - The contexts are opened with [`ferroce::ContextOptions::host_slot`]: programs exchange
+//!   only a GID and a QPN and expect the peer at port 4791, so several processes on one host
+//!   take ports 4791, 4792, … and a QPN names its port.
+//! - The library exports every default symbol of rdma-core 44's libibverbs in its own version
+//!   node (`abi/libibverbs.symbols`), as the tools are linked with `BIND_NOW` and pull in
+//!   rdma-core's provider libraries, which need the private `IBVERBS_PRIVATE_34` calls. What
+//!   ferroce does not do fails with the errno rdma-core gives an unsupported feature
+//!   ([`unsupported`]); the private provider hooks are no-ops, so a foreign provider never
+//!   finds a device of its own.
+//! - A panic never crosses into C: every entry point runs under [`guard`], which turns one into
+//!   an error return.
+
+pub mod abi;
+mod cq;
+mod device;
+mod mr;
+mod qp;
+mod strings;
+mod unsupported;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The errno rdma-core's providers return for what `e` describes.
+pub(crate) fn errno_of(e: &ferroce::Error) -> i32 {
+    use ferroce::Error as E;
+    use ferroce_proto::attr::PostError as P;
+    match e {
+        E::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        E::NoDevice(_) => libc::ENODEV,
+        E::TooManyRegions => libc::ENOMEM,
+        E::CqOverflow(_) => libc::EOVERFLOW,
+        E::Post(P::QueueFull(_)) => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// Runs an entry point's body, turning a panic into `on_panic` with `errno` EFAULT: unwinding
+/// into C is undefined behaviour, and aborting the program would be a crash.
+pub(crate) fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => {
+            set_errno(libc::EFAULT);
+            on_panic
+        }
+    }
+}
+
+/// Copies `s` into a C string field, NUL-terminated and cut to fit.
+pub(crate) fn copy_c_string(dst: &mut [libc::c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as libc::c_char;
+    }
+    if let Some(end) = dst.get_mut(n) {
+        *end = 0;
+    }
+}

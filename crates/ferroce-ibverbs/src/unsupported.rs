@@ -1,0 +1,187 @@
+//! Every other exported call of rdma-core's libibverbs: what ferroce does not do fails the way
+//! rdma-core fails an unsupported feature (`EOPNOTSUPP`: returned, or in `errno` with NULL or
+//! -1), never crashing and never pretending to succeed.
+//!
+//! The private `IBVERBS_PRIVATE_34` calls are how rdma-core's own provider libraries (libmlx5,
+//! libefa, …, which perftest and UCX load) talk to the kernel. They must resolve for those
+//! libraries to load at all; their registration hooks do nothing, so no foreign provider ever
+//! finds a device, and their kernel commands fail as on a machine without the kernel device.
+//!
+//! The parameters are left out: on x86-64 and AArch64 a callee that ignores its arguments may
+//! be declared without them, and the return register carries the same type either way.
+
+use std::ffi::c_char;
+
+use crate::set_errno;
+
+/// Calls returning an `int` errno.
+macro_rules! returns_errno {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "`: not supported (EOPNOTSUPP).")]
+        #[no_mangle]
+        extern "C" fn $name() -> libc::c_int {
+            libc::EOPNOTSUPP
+        }
+    )*};
+}
+
+/// Calls returning a pointer: NULL with `errno` EOPNOTSUPP.
+macro_rules! returns_null {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "`: not supported (NULL, errno EOPNOTSUPP).")]
+        #[no_mangle]
+        extern "C" fn $name() -> *mut libc::c_void {
+            set_errno(libc::EOPNOTSUPP);
+            std::ptr::null_mut()
+        }
+    )*};
+}
+
+/// Calls returning -1 with `errno` EOPNOTSUPP.
+macro_rules! returns_minus_one {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "`: not supported (-1, errno EOPNOTSUPP).")]
+        #[no_mangle]
+        extern "C" fn $name() -> libc::c_int {
+            set_errno(libc::EOPNOTSUPP);
+            -1
+        }
+    )*};
+}
+
+/// Calls with nothing to return whose work never arises here: provider registration (no
+/// foreign provider may claim a ferroce device), logging of a provider that never runs,
+/// releasing imports that never succeeded, and the conversions of kernel structures, which only
+/// a program holding data from the kernel's uverbs device could call.
+macro_rules! does_nothing {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "`: nothing to do here (see the macro).")]
+        #[no_mangle]
+        extern "C" fn $name() {}
+    )*};
+}
+
+returns_errno!(
+    ibv_attach_mcast,
+    ibv_detach_mcast,
+    ibv_destroy_ah,
+    ibv_init_ah_from_wc,
+    ibv_rereg_mr,
+    ibv_resolve_eth_l2_from_gid,
+    ibv_query_ece,
+    ibv_set_ece,
+    execute_ioctl,
+    ibv_cmd_advise_mr,
+    ibv_cmd_alloc_dm,
+    ibv_cmd_alloc_mw,
+    ibv_cmd_alloc_pd,
+    ibv_cmd_attach_mcast,
+    ibv_cmd_close_xrcd,
+    ibv_cmd_create_ah,
+    ibv_cmd_create_counters,
+    ibv_cmd_create_cq,
+    ibv_cmd_create_cq_ex,
+    ibv_cmd_create_flow,
+    ibv_cmd_create_flow_action_esp,
+    ibv_cmd_create_qp,
+    ibv_cmd_create_qp_ex,
+    ibv_cmd_create_qp_ex2,
+    ibv_cmd_create_rwq_ind_table,
+    ibv_cmd_create_srq,
+    ibv_cmd_create_srq_ex,
+    ibv_cmd_create_wq,
+    ibv_cmd_dealloc_mw,
+    ibv_cmd_dealloc_pd,
+    ibv_cmd_dereg_mr,
+    ibv_cmd_destroy_ah,
+    ibv_cmd_destroy_counters,
+    ibv_cmd_destroy_cq,
+    ibv_cmd_destroy_flow,
+    ibv_cmd_destroy_flow_action,
+    ibv_cmd_destroy_qp,
+    ibv_cmd_destroy_rwq_ind_table,
+    ibv_cmd_destroy_srq,
+    ibv_cmd_destroy_wq,
+    ibv_cmd_detach_mcast,
+    ibv_cmd_free_dm,
+    ibv_cmd_get_context,
+    ibv_cmd_modify_cq,
+    ibv_cmd_modify_flow_action_esp,
+    ibv_cmd_modify_qp,
+    ibv_cmd_modify_qp_ex,
+    ibv_cmd_modify_srq,
+    ibv_cmd_modify_wq,
+    ibv_cmd_open_qp,
+    ibv_cmd_open_xrcd,
+    ibv_cmd_poll_cq,
+    ibv_cmd_post_recv,
+    ibv_cmd_post_send,
+    ibv_cmd_post_srq_recv,
+    ibv_cmd_query_context,
+    ibv_cmd_query_device_any,
+    ibv_cmd_query_mr,
+    ibv_cmd_query_port,
+    ibv_cmd_query_qp,
+    ibv_cmd_query_srq,
+    ibv_cmd_read_counters,
+    ibv_cmd_reg_dm_mr,
+    ibv_cmd_reg_dmabuf_mr,
+    ibv_cmd_reg_mr,
+    ibv_cmd_req_notify_cq,
+    ibv_cmd_rereg_mr,
+    ibv_cmd_resize_cq,
+);
+
+returns_null!(
+    ibv_create_ah,
+    ibv_create_ah_from_wc,
+    ibv_import_device,
+    ibv_import_mr,
+    ibv_import_pd,
+    ibv_import_dm,
+    ibv_reg_dmabuf_mr,
+    ibv_qp_to_qp_ex,
+    _verbs_init_and_alloc_context,
+    verbs_open_device,
+);
+
+returns_minus_one!(ibv_read_sysfs_file, ibv_read_ibdev_sysfs_file);
+
+does_nothing!(
+    ibv_copy_path_rec_from_kern,
+    ibv_copy_path_rec_to_kern,
+    ibv_copy_qp_attr_from_kern,
+    ibv_copy_ah_attr_from_kern,
+    ibv_unimport_mr,
+    ibv_unimport_pd,
+    ibv_unimport_dm,
+    __verbs_log,
+    verbs_register_driver_34,
+    verbs_set_ops,
+    verbs_uninit_context,
+    verbs_init_cq,
+);
+
+/// `ibv_query_qp_data_in_order`: 0, "no in-order guarantee to rely on", the answer rdma-core
+/// gives for a device that does not say.
+#[no_mangle]
+extern "C" fn ibv_query_qp_data_in_order() -> libc::c_int {
+    0
+}
+
+/// `__ioctl_final_num_attrs`: a provider's ioctl helper; counts nothing beyond what it is given.
+#[no_mangle]
+extern "C" fn __ioctl_final_num_attrs(num_attrs: libc::c_uint) -> libc::c_uint {
+    num_attrs
+}
+
+/// `ibv_get_sysfs_path`: where rdma-core looks for devices (ferroce needs no sysfs entry).
+#[no_mangle]
+extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    c"/sys".as_ptr()
+}
+
+/// `verbs_allow_disassociate_destroy`: rdma-core's flag for destroying objects of a device that
+/// went away; ferroce's devices do not.
+#[no_mangle]
+static verbs_allow_disassociate_destroy: bool = false;
