@@ -204,6 +204,8 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
         let opts = ferroce::ContextOptions {
             gid_index,
             host_slot: true,
+            // C programs often wait by spinning on memory a peer writes, not on a CQ.
+            hand_over_to_polling_app: false,
             ..ferroce::ContextOptions::default()
         };
         let ctx = match d.inner.open(&opts) {

@@ -146,8 +146,10 @@ impl ContextShared {
     /// Drives progress from an application thread if the engine is free.
     pub(crate) fn progress_inline(&self) -> bool {
         let now = self.now();
-        self.app_polling_until
-            .store((now + APP_POLL_GRACE).as_nanos(), Ordering::Release);
+        if self.hand_over_to_polling_app {
+            self.app_polling_until
+                .store((now + APP_POLL_GRACE).as_nanos(), Ordering::Release);
+        }
         match self.engine.try_lock() {
             Ok(mut st) => progress_at(self, &mut st, now),
             Err(_) => false,

@@ -39,6 +39,12 @@ pub struct ContextOptions {
     /// QP's port from its number alone. Programs written for libibverbs exchange only a GID and
     /// a QPN and expect the peer on 4791; this is how several of them share one host.
     pub host_slot: bool,
+    /// Let an application thread that polls a CQ drive progress alone for a while (the
+    /// engine thread then stops reading the socket, which on a small machine would preempt the
+    /// poller). Right for programs that poll for what they wait on; wrong for programs that
+    /// spin on memory a peer WRITEs (perftest's `ib_write_lat`): between their polls nobody
+    /// would read the socket for the whole grace period. Default: on.
+    pub hand_over_to_polling_app: bool,
 }
 
 /// Several processes of one host, each with its own UDP port, told apart by QPN alone.
@@ -77,6 +83,7 @@ impl Default for ContextOptions {
                 .map(PathBuf::from),
             provider: Provider::from_env().unwrap_or_default(),
             host_slot: false,
+            hand_over_to_polling_app: true,
         }
     }
 }
@@ -105,6 +112,8 @@ pub(crate) struct ContextShared {
     pub shutdown: AtomicBool,
     /// Until when (ns since `epoch`) an application thread is driving progress itself.
     pub app_polling_until: AtomicU64,
+    /// See [`ContextOptions::hand_over_to_polling_app`].
+    pub hand_over_to_polling_app: bool,
     pub epoch: std::time::Instant,
     pub engine: Mutex<EngineState>,
     /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
@@ -272,6 +281,7 @@ impl Context {
             sleeping: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             app_polling_until: AtomicU64::new(0),
+            hand_over_to_polling_app: options.hand_over_to_polling_app,
             epoch: std::time::Instant::now(),
             engine: Mutex::new(EngineState::new()),
             work_pending: AtomicBool::new(true),
