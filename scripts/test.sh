@@ -2,7 +2,8 @@
 # The whole ferroce test suite, from a fresh Debian machine with only the Rust toolchain.
 # Installs what the tests need (tshark, as an independent decoder to compare against; iproute2 and
 # ethtool for the network-namespace tests; python3 for scripts/verify_icrc.py, an independent ICRC
-# checker; cargo-fuzz, by scripts/fuzz.sh), then runs formatting, lint, every test of the
+# checker; rdma-core's headers, tools and perftest for the drop-in libibverbs; cargo-fuzz, by
+# scripts/fuzz.sh), then runs formatting, lint, every test of the
 # workspace, and every fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,13 @@ command -v tshark >/dev/null 2>&1 || need_pkgs+=(tshark)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v ethtool >/dev/null 2>&1 || need_pkgs+=(ethtool)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
+# The drop-in libibverbs is checked against rdma-core itself: its headers (gcc compiles the
+# layout check), its library's exports (objdump) and its unmodified tools and perftest.
+command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
+command -v objdump >/dev/null 2>&1 || need_pkgs+=(binutils)
+[ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
+command -v ibv_rc_pingpong >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
+command -v ib_write_lat >/dev/null 2>&1 || need_pkgs+=(perftest)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

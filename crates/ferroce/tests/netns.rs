@@ -945,6 +945,7 @@ mod role {
                 capture,
                 // Peers in other namespaces are other hosts: UDP whatever the environment says.
                 provider: ferroce::Provider::Udp,
+                ..ContextOptions::default()
             })
             .ctx(&format!("opening {}", dev.name()))?;
         let pd = ctx.alloc_pd().ctx("allocating a PD")?;
