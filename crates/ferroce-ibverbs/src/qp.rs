@@ -271,16 +271,17 @@ fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
             if mask & RTS_NEEDS != RTS_NEEDS {
                 return Err(libc::EINVAL);
             }
-            if u32::from(a.max_rd_atomic) > limits::MAX_RD_ATOMIC {
-                return Err(libc::EINVAL);
-            }
+            // An initiator depth above ferroce's is served with ferroce's: the requester keeps
+            // fewer READs and atomics in flight, which changes nothing for the peer. perftest
+            // asks for the *peer's* depth here (rxe's is 128), so refusing would stop it.
+            let depth = a.max_rd_atomic.min(limits::MAX_RD_ATOMIC as u8).max(1);
             q.inner
                 .modify_to_rts(&RtsAttr {
                     sq_psn: ferroce_wire::Psn::new(a.sq_psn),
                     timeout: a.timeout,
                     retry_cnt: a.retry_cnt,
                     rnr_retry: a.rnr_retry,
-                    max_rd_atomic: a.max_rd_atomic.max(1),
+                    max_rd_atomic: depth,
                 })
                 .map_err(err)?;
         }
@@ -332,7 +333,7 @@ fn record(store: &mut ibv_qp_attr, a: &ibv_qp_attr, mask: u32) {
         store.rnr_retry = a.rnr_retry;
     }
     if pick(IBV_QP_MAX_QP_RD_ATOMIC) {
-        store.max_rd_atomic = a.max_rd_atomic;
+        store.max_rd_atomic = a.max_rd_atomic.min(limits::MAX_RD_ATOMIC as u8);
     }
 }
 
