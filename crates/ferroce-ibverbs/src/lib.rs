@@ -35,6 +35,7 @@ mod cq;
 mod device;
 mod mr;
 mod qp;
+mod rdmacm;
 mod strings;
 mod unsupported;
 

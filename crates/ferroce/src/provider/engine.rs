@@ -342,10 +342,29 @@ fn transmit_qp(
 /// once its retries ran out (an `ibv_rc_pingpong`-style peer whose last SEND is answered just
 /// before this side exits).
 pub(crate) fn flush_held_ack(shared: &ContextShared, qp: &QpShared) {
+    // A pass already under way may still make this QP an ACK: it must not hold it.
+    qp.qp.lock().retired = true;
+    send_held_ack(shared, qp);
+}
+
+/// Sends now what the QP owes its peer — responses and ACKs its transport has made but no
+/// pass has sent yet, and a held ACK — before it stops answering (destroyed, or moved to
+/// ERR): a program that read a receive completion and then tore its QP down has, on real
+/// hardware, long acknowledged that message, and its peer's send must complete.
+pub(crate) fn send_owed(shared: &ContextShared, qp: &Arc<QpShared>) {
+    {
+        let mut st = shared.engine.lock().unwrap_or_else(|e| e.into_inner());
+        transmit_qp(shared, &mut st, qp, shared.now());
+    }
+    send_held_ack(shared, qp);
+}
+
+/// Sends the ACK the QP holds back for a response to carry, if any: before the QP goes to ERR,
+/// whose peer saw its message complete here and must see it acknowledged too (the program
+/// that read the completion and then disconnected has, on real hardware, long ACKed it).
+pub(crate) fn send_held_ack(shared: &ContextShared, qp: &QpShared) {
     let (held, peer) = {
         let mut core = qp.qp.lock();
-        // A pass already under way may still make this QP an ACK: it must not hold it.
-        core.retired = true;
         (core.held_ack.take(), core.peer)
     };
     let (Some(h), Some(peer)) = (held, peer) else {

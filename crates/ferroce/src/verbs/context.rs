@@ -173,6 +173,9 @@ impl ContextShared {
     }
 
     pub(crate) fn remove_qp(&self, qpn: u32) {
+        if let Some(qp) = self.qp(qpn) {
+            crate::provider::send_owed(self, &qp);
+        }
         let gone = self
             .qps
             .write()

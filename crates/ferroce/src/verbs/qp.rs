@@ -160,6 +160,8 @@ impl QueuePair {
 
     /// Any state → ERR: outstanding work completes with the flush status.
     pub fn modify_to_error(&self) {
+        // What this side received and completed is acknowledged before it stops answering.
+        crate::provider::send_owed(&self.ctx.shared, &self.shared);
         self.with(|q| q.modify_to_error());
         self.ctx.shared.doorbell(&self.shared);
     }
@@ -247,7 +249,7 @@ impl QueuePair {
                 // before the peer reported RTS): take it now rather than at the engine's next
                 // look, so the request goes straight to the peer's memory.
                 let shared = &self.ctx.shared;
-                shared.poll_shm_host(shared.now(), true);
+                shared.poll_shm_host(shared.now(), true, false);
             }
         }
         if let Some(shm) = self.shared.shm_linked() {

@@ -49,6 +49,9 @@ pub(crate) struct ShmHost {
     pub(super) pid: u32,
     pub(super) incoming: Mutex<Vec<Incoming>>,
     pub(super) offers: Mutex<HashMap<u32, Offer>>,
+    /// Peers gone that an application thread saw: the engine, which alone reads the rings,
+    /// ends those links on its next pass, after handling what the peer wrote before it went.
+    pub(super) gone_pending: Mutex<Vec<(u32, u64)>>,
     /// When (ns on the context clock) the listener was last looked at.
     pub(super) last_poll: std::sync::atomic::AtomicU64,
 }
@@ -199,6 +202,7 @@ impl ShmHost {
             pid: std::process::id(),
             incoming: Mutex::new(Vec::new()),
             offers: Mutex::new(HashMap::new()),
+            gone_pending: Mutex::new(Vec::new()),
             last_poll: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -442,22 +446,37 @@ impl ContextShared {
 
     /// Looks at the shared-memory listener (hellos, wake-ups, peers gone) — at most every so
     /// often unless `force` — and moves QPs whose peer went away to ERR. Returns whether
-    /// anything arrived.
-    pub(crate) fn poll_shm_host(&self, now: ferroce_proto::Instant, force: bool) -> bool {
+    /// anything arrived. Only the engine (`in_engine`, holding its lock) reads the rings: a
+    /// peer gone seen from an application thread is left to the engine's next pass.
+    pub(crate) fn poll_shm_host(
+        &self,
+        now: ferroce_proto::Instant,
+        force: bool,
+        in_engine: bool,
+    ) -> bool {
         let Some(host) = &self.shm else {
             return false;
         };
         let ev = host.poll(now.as_nanos(), force, &|qpn| self.qp(qpn));
-        for &(qpn, page) in &ev.peers_gone {
+        let mut gone = host.gone_pending.lock().unwrap_or_else(|e| e.into_inner());
+        gone.extend_from_slice(&ev.peers_gone);
+        if !in_engine || gone.is_empty() {
+            return ev.did || !gone.is_empty();
+        }
+        let gone = std::mem::take(&mut *gone);
+        let mut buf = vec![0u8; crate::provider::udp::MAX_DATAGRAM];
+        for (qpn, page) in gone {
             // The hello connection of a link since replaced (the QP was reset, and maybe
             // connected anew) says nothing about the QP now.
             if let Some(qp) = self
                 .qp(qpn)
                 .filter(|q| q.shm.as_ref().is_some_and(|s| s.linked_to(page)))
             {
-                super::transfer::peer_gone(&qp);
+                // What the peer wrote before it went (the ACK of our last SEND, say) counts.
+                super::transfer::drain_ring(self, &qp, &mut buf, now, usize::MAX);
+                super::transfer::peer_gone(&qp, false);
             }
         }
-        ev.did
+        true
     }
 }

@@ -58,34 +58,9 @@ pub(crate) fn receive(
     buf: &mut [u8],
     now: Instant,
 ) -> bool {
-    let mut did = shared.poll_shm_host(now, false);
+    let mut did = shared.poll_shm_host(now, false, true);
     for qp in qps {
-        let Some(s) = qp.shm_linked() else { continue };
-        let ring = s.page.ring();
-        for _ in 0..SHM_RX_PER_QP {
-            match ring.pop(buf) {
-                Ok(Some(n)) => {
-                    did = true;
-                    let c = &shared.counters;
-                    c.rx_packets.fetch_add(1, Ordering::Relaxed);
-                    c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    match RocePacket::new_checked(&buf[..n]) {
-                        Ok(pkt) => hand_over(shared, now, qp, &pkt, &buf[..n], None),
-                        Err(_) => {
-                            c.malformed.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    // The peer broke the ring: nothing more from it can be trusted.
-                    shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                    peer_gone(qp);
-                    did = true;
-                    break;
-                }
-            }
-        }
+        did |= drain_ring(shared, qp, buf, now, SHM_RX_PER_QP);
     }
     if did {
         shared.work_pending.store(true, Ordering::Release);
@@ -95,13 +70,64 @@ pub(crate) fn receive(
 
 /// A linked peer went away (or broke the ring): the QP goes to ERR, flushing its work; the
 /// completions leave in this pass's transmit step.
-pub(crate) fn peer_gone(qp: &QpShared) {
+/// Hands over up to `limit` packets waiting in the QP's incoming ring; returns whether any
+/// came (or the ring broke, which ends the link).
+pub(crate) fn drain_ring(
+    shared: &ContextShared,
+    qp: &Arc<QpShared>,
+    buf: &mut [u8],
+    now: Instant,
+    limit: usize,
+) -> bool {
+    let Some(s) = qp.shm_linked() else {
+        return false;
+    };
+    let ring = s.page.ring();
+    let mut did = false;
+    for _ in 0..limit {
+        match ring.pop(buf) {
+            Ok(Some(n)) => {
+                did = true;
+                let c = &shared.counters;
+                c.rx_packets.fetch_add(1, Ordering::Relaxed);
+                c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                match RocePacket::new_checked(&buf[..n]) {
+                    Ok(pkt) => hand_over(shared, now, qp, &pkt, &buf[..n], None),
+                    Err(_) => {
+                        c.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                // The peer broke the ring: nothing more from it can be trusted.
+                shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                peer_gone(qp, true);
+                return true;
+            }
+        }
+    }
+    did
+}
+
+/// Ends a link whose peer went away (`broke`: broke the ring). Whatever the peer wrote into the
+/// ring before it went must be handled first by the caller ([`drain_ring`]): a process that
+/// ACKed a SEND and exited has delivered that ACK, and the SEND must complete.
+///
+/// Work under way then fails at once (on a fabric it would fail after the retry timeouts),
+/// and so does a QP whose peer broke the ring. A QP with nothing to send stays as it is, as on
+/// a fabric, where it could not tell: an rdma-core program that exits after its last
+/// completion leaves its peer's spare receives posted, not flushed (`ibv_rc_pingpong` counts
+/// a flushed one as a failure); a later send finds no peer and fails by retry timeout.
+pub(crate) fn peer_gone(qp: &QpShared, broke: bool) {
     if let Some(s) = &qp.shm {
         s.linked.store(false, Ordering::Release);
         *s.lock() = Link::Broken;
     }
     let mut q = qp.qp.lock();
-    q.modify_to_error();
     q.peer_memory = None;
+    if broke || !q.is_send_queue_empty() {
+        q.modify_to_error();
+    }
     qp.publish_state(&q);
 }

@@ -1,0 +1,1807 @@
+//! A drop-in `librdmacm.so.1`: rdma_cm's connection setup between ferroce peers.
+//!
+//! The kernel's rdma_cm connects two QPs by IB CM messages (REQ, REP, RTU, DREQ) on QP1 of the
+//! fabric. ferroce has no kernel, so its librdmacm carries the same four messages over TCP, to
+//! the port the server bound (`rdma_bind_addr` + `rdma_listen`): the same exchange (QPN, PSN,
+//! GID, path MTU, READ/atomic depths, retry counts and the application's private data) and the
+//! same events, in the same order, on the same event channels. A ferroce peer therefore
+//! connects with ferroce peers only; connecting to a kernel rdma_cm (rxe) would need IB CM MADs
+//! on QP1, which ferroce does not speak yet.
+//!
+//! This code is linked into `librdmacm.so.1`, a library of its own (programs name its symbol
+//! versions, `RDMACM_1.0`…), and reaches the verbs through `libibverbs.so.1`'s exported calls,
+//! found with `dlsym`: the contexts, PDs and QPs it makes must be the ones the program's own
+//! verbs calls see.
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::abi::*;
+use crate::{guard, set_errno};
+
+/// `RAI_*` of `<rdma/rdma_cma.h>` (macros bindgen cannot see).
+const RAI_PASSIVE: c_int = 1;
+const RAI_NUMERICHOST: c_int = 2;
+
+// ---- the verbs, through libibverbs.so.1 -------------------------------------------------------
+
+type GetDeviceListFn = unsafe extern "C" fn(*mut c_int) -> *mut *mut ibv_device;
+type FreeDeviceListFn = unsafe extern "C" fn(*mut *mut ibv_device);
+type GetDeviceNameFn = unsafe extern "C" fn(*mut ibv_device) -> *const c_char;
+type OpenDeviceFn = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
+type QueryPortFn = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int;
+type AllocPdFn = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd;
+type DeallocPdFn = unsafe extern "C" fn(*mut ibv_pd) -> c_int;
+type CreateQpFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type ModifyQpFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+type DestroyQpFn = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+
+/// The libibverbs calls this library makes, resolved in the process's global scope.
+struct Verbs {
+    get_device_list: GetDeviceListFn,
+    free_device_list: FreeDeviceListFn,
+    get_device_name: GetDeviceNameFn,
+    open_device: OpenDeviceFn,
+    query_port: QueryPortFn,
+    alloc_pd: AllocPdFn,
+    dealloc_pd: DeallocPdFn,
+    create_qp: CreateQpFn,
+    modify_qp: ModifyQpFn,
+    destroy_qp: DestroyQpFn,
+}
+
+fn verbs() -> Option<&'static Verbs> {
+    static VERBS: OnceLock<Option<Verbs>> = OnceLock::new();
+    VERBS
+        .get_or_init(|| {
+            let find = |name: &CStr| {
+                // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the loaded objects.
+                let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+                (!p.is_null()).then_some(p)
+            };
+            // SAFETY: each symbol is libibverbs' function of that name, whose C signature is
+            // the one declared in the field.
+            unsafe {
+                Some(Verbs {
+                    get_device_list: std::mem::transmute::<*mut c_void, GetDeviceListFn>(find(
+                        c"ibv_get_device_list",
+                    )?),
+                    free_device_list: std::mem::transmute::<*mut c_void, FreeDeviceListFn>(find(
+                        c"ibv_free_device_list",
+                    )?),
+                    get_device_name: std::mem::transmute::<*mut c_void, GetDeviceNameFn>(find(
+                        c"ibv_get_device_name",
+                    )?),
+                    open_device: std::mem::transmute::<*mut c_void, OpenDeviceFn>(find(
+                        c"ibv_open_device",
+                    )?),
+                    query_port: std::mem::transmute::<*mut c_void, QueryPortFn>(find(
+                        c"ibv_query_port",
+                    )?),
+                    alloc_pd: std::mem::transmute::<*mut c_void, AllocPdFn>(find(c"ibv_alloc_pd")?),
+                    dealloc_pd: std::mem::transmute::<*mut c_void, DeallocPdFn>(find(
+                        c"ibv_dealloc_pd",
+                    )?),
+                    create_qp: std::mem::transmute::<*mut c_void, CreateQpFn>(find(
+                        c"ibv_create_qp",
+                    )?),
+                    modify_qp: std::mem::transmute::<*mut c_void, ModifyQpFn>(find(
+                        c"ibv_modify_qp",
+                    )?),
+                    destroy_qp: std::mem::transmute::<*mut c_void, DestroyQpFn>(find(
+                        c"ibv_destroy_qp",
+                    )?),
+                })
+            }
+        })
+        .as_ref()
+}
+
+/// An opened device, shared by every id on it (as librdmacm shares one context per device).
+#[derive(Clone, Copy)]
+struct Device {
+    ctx: *mut ibv_context,
+    gid_index: u8,
+    mtu: ibv_mtu,
+}
+
+// SAFETY: the context is only used through libibverbs calls, which are thread-safe.
+unsafe impl Send for Device {}
+
+static CONTEXTS: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
+
+/// The context of the device named `name`, opened once.
+fn context_named(v: &Verbs, name: &str) -> Option<*mut ibv_context> {
+    let mut open = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, c)) = open.iter().find(|(n, _)| n == name) {
+        return Some(*c as *mut ibv_context);
+    }
+    let mut n = 0;
+    // SAFETY: libibverbs' call; the list is freed below.
+    let list = unsafe { (v.get_device_list)(&mut n) };
+    if list.is_null() {
+        return None;
+    }
+    let mut found = None;
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: i < n entries of the list.
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: a device of the list; the name is a C string.
+        let dev_name = unsafe { CStr::from_ptr((v.get_device_name)(dev)) };
+        if dev_name.to_bytes() == name.as_bytes() {
+            // SAFETY: a device of the list.
+            let ctx = unsafe { (v.open_device)(dev) };
+            if !ctx.is_null() {
+                found = Some(ctx);
+            }
+            break;
+        }
+    }
+    // SAFETY: the list from get_device_list, freed once (opened devices stay valid).
+    unsafe { (v.free_device_list)(list) };
+    let ctx = found?;
+    open.push((name.to_string(), ctx as usize));
+    Some(ctx)
+}
+
+/// The device holding `ip`, with the index of its GID.
+fn device_for(ip: IpAddr) -> Option<Device> {
+    let v = verbs()?;
+    let dev = ferroce::devices()
+        .ok()?
+        .into_iter()
+        .find(|d| d.gids().iter().any(|g| g.ip == ip))?;
+    let gid_index = dev.gids().iter().position(|g| g.ip == ip)? as u8;
+    let ctx = context_named(v, dev.name())?;
+    let mut port = ibv_port_attr::default();
+    // SAFETY: a live context and a full port structure.
+    let mtu = if unsafe { (v.query_port)(ctx, 1, &mut port) } == 0 {
+        port.active_mtu
+    } else {
+        IBV_MTU_1024
+    };
+    Some(Device {
+        ctx,
+        gid_index,
+        mtu,
+    })
+}
+
+/// The local address a packet to `dst` leaves from.
+fn source_for(dst: IpAddr) -> Option<IpAddr> {
+    let any: IpAddr = match dst {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let s = std::net::UdpSocket::bind(SocketAddr::new(any, 0)).ok()?;
+    s.connect(SocketAddr::new(dst, 9)).ok()?;
+    Some(s.local_addr().ok()?.ip())
+}
+
+// ---- socket addresses ----------------------------------------------------------------------
+
+/// Reads a C socket address.
+///
+/// # Safety
+/// `sa` must be NULL or point to a socket address of its family's size.
+unsafe fn read_sockaddr(sa: *const sockaddr) -> Option<SocketAddr> {
+    // SAFETY: the caller's contract.
+    let family = c_int::from(unsafe { sa.as_ref() }?.sa_family);
+    match family {
+        libc::AF_INET => {
+            // SAFETY: the family says it is a sockaddr_in.
+            let sin = unsafe { &*(sa as *const libc::sockaddr_in) };
+            Some(SocketAddr::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into(),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says it is a sockaddr_in6.
+            let sin6 = unsafe { &*(sa as *const libc::sockaddr_in6) };
+            Some(SocketAddr::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr).into(),
+                u16::from_be(sin6.sin6_port),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Writes `a` into a C socket address of storage size.
+fn write_sockaddr(dst: &mut sockaddr_storage, a: SocketAddr) {
+    *dst = sockaddr_storage::default();
+    let p = dst as *mut sockaddr_storage;
+    match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a sockaddr_in fits in sockaddr_storage.
+            unsafe { p.cast::<libc::sockaddr_in>().write(sin) };
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: a sockaddr_in6 fits in sockaddr_storage.
+            unsafe { p.cast::<libc::sockaddr_in6>().write(sin6) };
+        }
+    }
+}
+
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    ferroce::gid_of(ip).octets()
+}
+
+// ---- the messages on the wire -----------------------------------------------------------------
+
+const MAGIC: &[u8; 4] = b"FRCM";
+
+/// The IB CM messages rdma_cm exchanges, carried over TCP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Message {
+    /// REQ (from the active side) and REP (the passive side's answer) carry the same fields.
+    Connect {
+        reply: bool,
+        qpn: u32,
+        psn: u32,
+        gid: [u8; 16],
+        mtu: u8,
+        responder_resources: u8,
+        initiator_depth: u8,
+        retry_count: u8,
+        rnr_retry_count: u8,
+        private: Vec<u8>,
+    },
+    /// REJ, with the rejecting side's private data.
+    Reject { private: Vec<u8> },
+    /// RTU: the active side is ready; the passive side is established.
+    ReadyToUse,
+    /// DREQ.
+    Disconnect,
+}
+
+impl Message {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        match self {
+            Message::Connect {
+                reply,
+                qpn,
+                psn,
+                gid,
+                mtu,
+                responder_resources,
+                initiator_depth,
+                retry_count,
+                rnr_retry_count,
+                private,
+            } => {
+                b.push(if *reply { 2 } else { 1 });
+                b.extend_from_slice(&qpn.to_be_bytes());
+                b.extend_from_slice(&psn.to_be_bytes());
+                b.extend_from_slice(gid);
+                b.extend_from_slice(&[
+                    *mtu,
+                    *responder_resources,
+                    *initiator_depth,
+                    *retry_count,
+                    *rnr_retry_count,
+                    private.len() as u8,
+                ]);
+                b.extend_from_slice(private);
+            }
+            Message::Reject { private } => {
+                b.push(3);
+                b.push(private.len() as u8);
+                b.extend_from_slice(private);
+            }
+            Message::ReadyToUse => b.push(4),
+            Message::Disconnect => b.push(5),
+        }
+        b
+    }
+
+    fn read(s: &mut impl Read) -> std::io::Result<Message> {
+        let bad =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head)?;
+        if &head[..4] != MAGIC {
+            return Err(bad("not a ferroce rdma_cm peer"));
+        }
+        let read_private = |s: &mut dyn Read, n: u8| -> std::io::Result<Vec<u8>> {
+            let mut p = vec![0u8; usize::from(n)];
+            s.read_exact(&mut p)?;
+            Ok(p)
+        };
+        match head[4] {
+            k @ (1 | 2) => {
+                let mut f = [0u8; 4 + 4 + 16 + 6];
+                s.read_exact(&mut f)?;
+                let private = read_private(s, f[29])?;
+                Ok(Message::Connect {
+                    reply: k == 2,
+                    qpn: u32::from_be_bytes([f[0], f[1], f[2], f[3]]) & 0x00ff_ffff,
+                    psn: u32::from_be_bytes([f[4], f[5], f[6], f[7]]) & 0x00ff_ffff,
+                    gid: f[8..24].try_into().map_err(|_| bad("gid"))?,
+                    mtu: f[24],
+                    responder_resources: f[25],
+                    initiator_depth: f[26],
+                    retry_count: f[27],
+                    rnr_retry_count: f[28],
+                    private,
+                })
+            }
+            3 => {
+                let mut n = [0u8; 1];
+                s.read_exact(&mut n)?;
+                Ok(Message::Reject {
+                    private: read_private(s, n[0])?,
+                })
+            }
+            4 => Ok(Message::ReadyToUse),
+            5 => Ok(Message::Disconnect),
+            _ => Err(bad("unknown rdma_cm message")),
+        }
+    }
+}
+
+// ---- event channels and events -----------------------------------------------------------------
+
+#[repr(C)]
+struct Channel {
+    c: rdma_event_channel,
+    queue: Arc<EventQueue>,
+}
+
+/// A channel's events: shared with the threads of its ids' connections, which may outlive
+/// the channel (a program destroys its ids and channel while a connection winds down).
+struct EventQueue {
+    /// A blocking semaphore eventfd (the channel's `fd`): one count per queued event.
+    efd: OwnedFd,
+    events: Mutex<VecDeque<usize>>,
+}
+
+#[repr(C)]
+struct Event {
+    c: rdma_cm_event,
+    /// The bytes `c.param.conn.private_data` points to.
+    private: Vec<u8>,
+}
+
+impl IdShared {
+    fn post(&self, ev: Box<Event>) {
+        self.queue.post(self, ev);
+    }
+}
+
+impl EventQueue {
+    /// Queues an event for `id` unless the id was destroyed (checked under the queue's lock,
+    /// which `rdma_destroy_id` takes too, so no event for a dead id is ever queued).
+    fn post(&self, id: &IdShared, mut ev: Box<Event>) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if !id.alive.load(Ordering::Acquire) {
+            return;
+        }
+        if !ev.private.is_empty() {
+            // The conn arm of the union, which these events use.
+            ev.c.param.conn.private_data = ev.private.as_ptr().cast();
+            ev.c.param.conn.private_data_len = ev.private.len() as u8;
+        }
+        q.push_back(Box::into_raw(ev) as usize);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to our eventfd.
+        let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl Drop for EventQueue {
+    fn drop(&mut self) {
+        for e in self
+            .events
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            // SAFETY: each entry is a leaked Event box, freed once.
+            drop(unsafe { Box::from_raw(e as *mut Event) });
+        }
+    }
+}
+
+fn event(id: *mut rdma_cm_id, kind: rdma_cm_event_type, status: c_int) -> Box<Event> {
+    Box::new(Event {
+        c: rdma_cm_event {
+            id,
+            event: kind,
+            status,
+            ..Default::default()
+        },
+        private: Vec::new(),
+    })
+}
+
+// ---- ids ------------------------------------------------------------------------------------------
+
+/// What the threads of a connection share with the id.
+struct IdShared {
+    alive: AtomicBool,
+    stream: Mutex<Option<TcpStream>>,
+    /// The id's QP (its address, or 0). A connection's thread touches the QP only under this
+    /// lock and only while `alive`; `rdma_destroy_qp` and `rdma_destroy_id` take it too.
+    qp: Mutex<usize>,
+    /// The id's channel's events.
+    queue: Arc<EventQueue>,
+}
+
+/// The peer's side of a connection, as its REQ or REP said.
+#[derive(Clone)]
+struct Peer {
+    qpn: u32,
+    psn: u32,
+    gid: [u8; 16],
+    mtu: u8,
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+}
+
+#[repr(C)]
+struct CmId {
+    c: rdma_cm_id,
+    shared: Arc<IdShared>,
+    device: Option<Device>,
+    listener: Option<TcpListener>,
+    /// The REQ a passive id was made for.
+    request: Option<Peer>,
+    my_psn: u32,
+    /// The local ACK timeout (`RDMA_OPTION_ID_ACK_TIMEOUT`), else 14 (67 ms), as ferroce's own.
+    ack_timeout: u8,
+    owns_pd: bool,
+    path: Box<ibv_sa_path_rec>,
+}
+
+/// # Safety
+/// `id` must be NULL or an id this library returned and not yet destroyed.
+unsafe fn id_of<'a>(id: *mut rdma_cm_id) -> Option<&'a mut CmId> {
+    // SAFETY: `c` is the first field of the repr(C) `CmId`.
+    unsafe { id.cast::<CmId>().as_mut() }
+}
+
+/// # Safety
+/// `ch` must be NULL or a channel this library returned and not yet destroyed.
+unsafe fn channel_of<'a>(ch: *mut rdma_event_channel) -> Option<&'a Channel> {
+    // SAFETY: `c` is the first field of the repr(C) `Channel`.
+    unsafe { ch.cast::<Channel>().as_ref() }
+}
+
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: fills 4 bytes of a local.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    u32::from_ne_bytes(b) & 0x00ff_ffff
+}
+
+fn new_id(
+    channel: *mut rdma_event_channel,
+    queue: Arc<EventQueue>,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> *mut CmId {
+    Box::into_raw(Box::new(CmId {
+        c: rdma_cm_id {
+            channel,
+            context,
+            ps,
+            qp_type: IBV_QPT_RC,
+            ..Default::default()
+        },
+        shared: Arc::new(IdShared {
+            alive: AtomicBool::new(true),
+            stream: Mutex::new(None),
+            qp: Mutex::new(0),
+            queue,
+        }),
+        device: None,
+        listener: None,
+        request: None,
+        my_psn: random_psn(),
+        ack_timeout: 14,
+        owns_pd: false,
+        path: Box::default(),
+    }))
+}
+
+/// Fills the id's route for a connection from `src` to `dst` on `dev`.
+fn set_route(id: &mut CmId, dev: Device, src: SocketAddr, dst: Option<SocketAddr>) {
+    id.device = Some(dev);
+    id.c.verbs = dev.ctx;
+    id.c.port_num = 1;
+    let route = &mut id.c.route;
+    // SAFETY: the storage arm covers the whole union.
+    write_sockaddr(unsafe { &mut route.addr.__bindgen_anon_1.src_storage }, src);
+    if let Some(d) = dst {
+        // SAFETY: as above.
+        write_sockaddr(unsafe { &mut route.addr.__bindgen_anon_2.dst_storage }, d);
+    }
+    let ib = rdma_ib_addr {
+        sgid: ibv_gid {
+            raw: gid_of(src.ip()),
+        },
+        dgid: ibv_gid {
+            raw: dst.map_or([0; 16], |d| gid_of(d.ip())),
+        },
+        pkey: 0xffffu16.to_be(),
+    };
+    route.addr.addr = rdma_addr__bindgen_ty_3 { ibaddr: ib };
+    *id.path = ibv_sa_path_rec {
+        dgid: ib.dgid,
+        sgid: ib.sgid,
+        pkey: ib.pkey,
+        mtu: dev.mtu as u8,
+        hop_limit: 64,
+        ..Default::default()
+    };
+}
+
+fn src_addr(id: &CmId) -> Option<SocketAddr> {
+    // SAFETY: the storage arm holds a socket address (or family 0: None).
+    unsafe { read_sockaddr(&id.c.route.addr.__bindgen_anon_1.src_addr) }
+}
+
+fn dst_addr(id: &CmId) -> Option<SocketAddr> {
+    // SAFETY: as above.
+    unsafe { read_sockaddr(&id.c.route.addr.__bindgen_anon_2.dst_addr) }
+}
+
+// ---- exported calls: channels, ids, addresses ------------------------------------------------
+
+/// `rdma_create_event_channel`.
+#[no_mangle]
+extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: just created, ours.
+        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Box::into_raw(Box::new(Channel {
+            c: rdma_event_channel { fd },
+            queue: Arc::new(EventQueue {
+                efd,
+                events: Mutex::new(VecDeque::new()),
+            }),
+        }))
+        .cast()
+    })
+}
+
+/// `rdma_destroy_event_channel`: events not yet read are freed with it (once no connection
+/// thread holds its queue any more).
+#[no_mangle]
+unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
+    if ch.is_null() {
+        return;
+    }
+    // SAFETY: per the API, a channel of ours, destroyed once.
+    drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
+}
+
+/// `rdma_create_id`: an id for RC connections (`RDMA_PS_TCP`) reporting on `channel`.
+#[no_mangle]
+unsafe extern "C" fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // A NULL channel asks for librdmacm's synchronous mode; only event channels are
+        // supported.
+        if channel.is_null() || ps != RDMA_PS_TCP {
+            set_errno(libc::EOPNOTSUPP);
+            return -1;
+        }
+        // SAFETY: per the API, a channel of ours.
+        let Some(ch) = (unsafe { channel_of(channel) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: checked non-null; the caller's output.
+        unsafe { *id = new_id(channel, ch.queue.clone(), context, ps).cast() };
+        0
+    })
+}
+
+/// `rdma_destroy_id`: closes its connection and drops its unread events.
+#[no_mangle]
+unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        if id.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: per the API, an id of ours, destroyed once.
+        let b = unsafe { Box::from_raw(id.cast::<CmId>()) };
+        {
+            // Under the QP lock no connection thread is using the QP; under the queue's lock
+            // none is queuing an event. After both, none will.
+            let _qp = b.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = b
+                .shared
+                .queue
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            b.shared.alive.store(false, Ordering::Release);
+            q.retain(|&e| {
+                // SAFETY: queued events are live boxes.
+                let ev = unsafe { &*(e as *const Event) };
+                let mine = ev.c.id == id || ev.c.listen_id == id;
+                if mine {
+                    // SAFETY: removed from the queue, freed once.
+                    drop(unsafe { Box::from_raw(e as *mut Event) });
+                }
+                !mine
+            });
+        }
+        if let Some(s) = b
+            .shared
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(l) = &b.listener {
+            // Stops listening now, so the port may be bound again at once (the accepting
+            // thread holds a clone of the socket; its accept then fails and it ends).
+            // SAFETY: shutdown on a descriptor this id owns.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        0
+    })
+}
+
+/// `rdma_bind_addr`: takes the address (and port: 0 picks one) for `rdma_listen`.
+#[no_mangle]
+unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let (Some(i), Some(a)) = (unsafe { id_of(id) }, unsafe { read_sockaddr(addr) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let listener = match TcpListener::bind(a) {
+            Ok(l) => l,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EADDRINUSE));
+                return -1;
+            }
+        };
+        let bound = listener.local_addr().unwrap_or(a);
+        // A specific address names its device; a wildcard leaves `verbs` NULL, as librdmacm.
+        if !a.ip().is_unspecified() {
+            let Some(dev) = device_for(a.ip()) else {
+                set_errno(libc::EADDRNOTAVAIL);
+                return -1;
+            };
+            set_route(i, dev, bound, None);
+        } else {
+            // SAFETY: the storage arm covers the union.
+            write_sockaddr(
+                unsafe { &mut i.c.route.addr.__bindgen_anon_1.src_storage },
+                bound,
+            );
+        }
+        i.listener = Some(listener);
+        0
+    })
+}
+
+/// `rdma_resolve_addr`: finds the device a packet to `dst` leaves from; `ADDR_RESOLVED`.
+#[no_mangle]
+unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut sockaddr,
+    dst: *mut sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let (Some(i), Some(d)) = (unsafe { id_of(id) }, unsafe { read_sockaddr(dst) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: per the API, NULL or an address.
+        let local = match unsafe { read_sockaddr(src) } {
+            Some(s) if !s.ip().is_unspecified() => Some(s.ip()),
+            _ => source_for(d.ip()),
+        };
+        let Some(dev) = local.and_then(|ip| device_for(ip).map(|dev| (ip, dev))) else {
+            set_errno(libc::EADDRNOTAVAIL);
+            return -1;
+        };
+        set_route(i, dev.1, SocketAddr::new(dev.0, 0), Some(d));
+        i.shared.post(event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
+        0
+    })
+}
+
+/// `rdma_resolve_route`: RoCE needs no path query; `ROUTE_RESOLVED` with one path record.
+#[no_mangle]
+unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if i.device.is_none() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        i.c.route.path_rec = &mut *i.path;
+        i.c.route.num_paths = 1;
+        i.shared.post(event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+        0
+    })
+}
+
+// ---- QPs -----------------------------------------------------------------------------------------
+
+/// `rdma_create_qp`: an RC QP on the id's device, brought to INIT (a NULL `pd` gets one).
+#[no_mangle]
+unsafe extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let (Some(i), Some(a), Some(v)) = (unsafe { id_of(id) }, unsafe { attr.as_mut() }, verbs())
+        else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if i.c.verbs.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let mut pd = pd;
+        if pd.is_null() {
+            // SAFETY: the id's live context.
+            pd = unsafe { (v.alloc_pd)(i.c.verbs) };
+            if pd.is_null() {
+                return -1;
+            }
+            i.owns_pd = true;
+        }
+        // SAFETY: libibverbs' call with the program's attributes.
+        let qp = unsafe { (v.create_qp)(pd, a) };
+        if qp.is_null() {
+            return -1;
+        }
+        let mut init = ibv_qp_attr {
+            qp_state: IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: IBV_ACCESS_REMOTE_READ
+                | IBV_ACCESS_REMOTE_WRITE
+                | IBV_ACCESS_REMOTE_ATOMIC,
+            ..Default::default()
+        };
+        let mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+        // SAFETY: the QP just created.
+        let rc = unsafe { (v.modify_qp)(qp, &mut init, mask as c_int) };
+        if rc != 0 {
+            // SAFETY: destroyed once, never handed out.
+            unsafe { (v.destroy_qp)(qp) };
+            set_errno(rc);
+            return -1;
+        }
+        i.c.qp = qp;
+        *i.shared.qp.lock().unwrap_or_else(|e| e.into_inner()) = qp as usize;
+        i.c.pd = pd;
+        i.c.send_cq = a.send_cq;
+        i.c.recv_cq = a.recv_cq;
+        i.c.srq = a.srq;
+        0
+    })
+}
+
+/// `rdma_create_qp_ex`: the basic attributes of an extended request (a PD is required there).
+#[no_mangle]
+unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    // SAFETY: per the API.
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // Only the fields the basic call knows: anything more is asked for by comp_mask bits
+    // beyond the PD.
+    if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 {
+        set_errno(libc::EOPNOTSUPP);
+        return -1;
+    }
+    let mut basic = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    // SAFETY: as rdma_create_qp, with the same id and PD.
+    let rc = unsafe { rdma_create_qp(id, a.pd, &mut basic) };
+    if rc == 0 {
+        // SAFETY: the caller's attributes get the caps the QP has, as in the basic call.
+        unsafe { (*attr).cap = basic.cap };
+    }
+    rc
+}
+
+/// `rdma_destroy_qp`.
+#[no_mangle]
+unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    guard((), || {
+        // SAFETY: per the API.
+        let (Some(i), Some(v)) = (unsafe { id_of(id) }, verbs()) else {
+            return;
+        };
+        if !i.c.qp.is_null() {
+            // Under the lock, so that no connection thread is moving the QP meanwhile.
+            let mut held = i.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the id's QP, destroyed once.
+            unsafe { (v.destroy_qp)(i.c.qp) };
+            *held = 0;
+            i.c.qp = std::ptr::null_mut();
+        }
+        if i.owns_pd && !i.c.pd.is_null() {
+            // SAFETY: the PD this library allocated for the id.
+            unsafe { (v.dealloc_pd)(i.c.pd) };
+            i.c.pd = std::ptr::null_mut();
+            i.owns_pd = false;
+        }
+    })
+}
+
+/// This side's connection parameters, without the private data (so a thread may keep them).
+#[derive(Clone, Copy)]
+struct Params {
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+}
+
+impl From<&rdma_conn_param> for Params {
+    fn from(p: &rdma_conn_param) -> Params {
+        Params {
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+        }
+    }
+}
+
+/// What a connection's thread needs of its id, copied so that it never reads the id itself.
+#[derive(Clone, Copy)]
+struct Local {
+    device: Device,
+    psn: u32,
+    ack_timeout: u8,
+}
+
+impl CmId {
+    fn local(&self) -> Option<Local> {
+        Some(Local {
+            device: self.device?,
+            psn: self.my_psn,
+            ack_timeout: self.ack_timeout,
+        })
+    }
+}
+
+/// Brings `qp` to RTR and RTS toward `peer`.
+fn connect_qp(qp: *mut ibv_qp, local: &Local, peer: &Peer, mine: &Params) -> Result<(), c_int> {
+    let v = verbs().ok_or(libc::ENOSYS)?;
+    let dev = local.device;
+    if qp.is_null() {
+        // A QP the program made itself (conn_param.qp_num) is not reachable from here.
+        return Err(libc::EOPNOTSUPP);
+    }
+    let mut ah = ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    ah.grh.dgid = ibv_gid { raw: peer.gid };
+    ah.grh.sgid_index = dev.gid_index;
+    ah.grh.hop_limit = 64;
+    let mut rtr = ibv_qp_attr {
+        qp_state: IBV_QPS_RTR,
+        path_mtu: (dev.mtu).min(ibv_mtu::from(peer.mtu)).max(IBV_MTU_256),
+        dest_qp_num: peer.qpn,
+        rq_psn: peer.psn,
+        max_dest_rd_atomic: mine.responder_resources.max(1),
+        min_rnr_timer: 12,
+        ah_attr: ah,
+        ..Default::default()
+    };
+    let mask = IBV_QP_STATE
+        | IBV_QP_AV
+        | IBV_QP_PATH_MTU
+        | IBV_QP_DEST_QPN
+        | IBV_QP_RQ_PSN
+        | IBV_QP_MAX_DEST_RD_ATOMIC
+        | IBV_QP_MIN_RNR_TIMER;
+    // SAFETY: the id's live QP.
+    let rc = unsafe { (v.modify_qp)(qp, &mut rtr, mask as c_int) };
+    if rc != 0 {
+        return Err(rc);
+    }
+    let mut rts = ibv_qp_attr {
+        qp_state: IBV_QPS_RTS,
+        sq_psn: local.psn,
+        timeout: local.ack_timeout,
+        retry_cnt: mine.retry_count.min(7),
+        rnr_retry: mine.rnr_retry_count.min(7),
+        max_rd_atomic: mine.initiator_depth.min(peer.responder_resources).max(1),
+        ..Default::default()
+    };
+    let mask = IBV_QP_STATE
+        | IBV_QP_SQ_PSN
+        | IBV_QP_TIMEOUT
+        | IBV_QP_RETRY_CNT
+        | IBV_QP_RNR_RETRY
+        | IBV_QP_MAX_QP_RD_ATOMIC;
+    // SAFETY: the id's live QP.
+    let rc = unsafe { (v.modify_qp)(qp, &mut rts, mask as c_int) };
+    if rc != 0 {
+        return Err(rc);
+    }
+    Ok(())
+}
+
+fn move_qp_to_error(qp: *mut ibv_qp) {
+    if let (false, Some(v)) = (qp.is_null(), verbs()) {
+        let mut a = ibv_qp_attr {
+            qp_state: IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: a QP of an id; ERR is reachable from any state.
+        unsafe { (v.modify_qp)(qp, &mut a, IBV_QP_STATE as c_int) };
+    }
+}
+
+/// The private data a connection parameter names.
+///
+/// # Safety
+/// `p.private_data` must point to `private_data_len` bytes (or be NULL).
+unsafe fn private_of(p: &rdma_conn_param) -> Vec<u8> {
+    if p.private_data.is_null() || p.private_data_len == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::slice::from_raw_parts(p.private_data.cast::<u8>(), usize::from(p.private_data_len))
+    }
+    .to_vec()
+}
+
+fn connect_message(i: &CmId, p: &rdma_conn_param, reply: bool, private: Vec<u8>) -> Message {
+    let dev = i.device.expect("a connecting id has a device");
+    let qpn = if i.c.qp.is_null() {
+        p.qp_num
+    } else {
+        // SAFETY: the id's live QP.
+        unsafe { (*i.c.qp).qp_num }
+    };
+    // SAFETY: the route's source is a socket address set at resolve or bind time.
+    let src_ip = src_addr(i)
+        .map(|a| a.ip())
+        .unwrap_or(Ipv4Addr::UNSPECIFIED.into());
+    Message::Connect {
+        reply,
+        qpn,
+        psn: i.my_psn,
+        gid: gid_of(src_ip),
+        mtu: dev.mtu as u8,
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+        private,
+    }
+}
+
+fn peer_of(m: &Message) -> Option<(Peer, Vec<u8>)> {
+    match m {
+        Message::Connect {
+            qpn,
+            psn,
+            gid,
+            mtu,
+            responder_resources,
+            initiator_depth,
+            retry_count,
+            rnr_retry_count,
+            private,
+            ..
+        } => Some((
+            Peer {
+                qpn: *qpn,
+                psn: *psn,
+                gid: *gid,
+                mtu: *mtu,
+                responder_resources: *responder_resources,
+                initiator_depth: *initiator_depth,
+                retry_count: *retry_count,
+                rnr_retry_count: *rnr_retry_count,
+            },
+            private.clone(),
+        )),
+        _ => None,
+    }
+}
+
+/// Reads the rest of a connection: a DREQ or the stream closing is `DISCONNECTED`.
+fn watch_disconnect(mut s: TcpStream, shared: Arc<IdShared>, id: usize) {
+    loop {
+        match Message::read(&mut s) {
+            Ok(Message::Disconnect) | Err(_) => break,
+            Ok(_) => continue,
+        }
+    }
+    // The QP stays as it is, as with the kernel's rdma_cm: the program reacts to the event
+    // (usually with its own rdma_disconnect, which moves its QP to ERR).
+    shared.post(event(id as *mut rdma_cm_id, RDMA_CM_EVENT_DISCONNECTED, 0));
+}
+
+/// `rdma_connect`: sends the REQ; `ESTABLISHED` (with the REP's private data) once the QP is
+/// in RTS and the RTU is sent, `REJECTED` on a REJ or when nothing listens, `UNREACHABLE` when
+/// the peer cannot be reached.
+#[no_mangle]
+unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let Some(dst) = dst_addr(i) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: per the API, NULL or the program's parameters.
+        let p = unsafe { param.as_ref() }
+            .copied()
+            .unwrap_or(rdma_conn_param {
+                responder_resources: 1,
+                initiator_depth: 1,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                ..Default::default()
+            });
+        // SAFETY: the program's private data.
+        let private = unsafe { private_of(&p) };
+        if i.c.qp.is_null() || private.len() > 56 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let req = connect_message(i, &p, false, private);
+        let p = Params::from(&p);
+        let Some(local) = i.local() else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let shared = i.shared.clone();
+        let id_addr = id as usize;
+        std::thread::spawn(move || {
+            let id = id_addr as *mut rdma_cm_id;
+            let fail = |kind, status| shared.post(event(id, kind, status));
+            let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(5)) {
+                Ok(s) => s,
+                // Nothing listens: IB CM's "invalid service ID" rejection, status 8.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    return fail(RDMA_CM_EVENT_REJECTED, 8)
+                }
+                Err(_) => return fail(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT),
+            };
+            let _ = s.set_nodelay(true);
+            if s.write_all(&req.encode()).is_err() {
+                return fail(RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET);
+            }
+            match Message::read(&mut s) {
+                Ok(Message::Reject { private }) => {
+                    let mut e = event(id, RDMA_CM_EVENT_REJECTED, 28);
+                    e.private = private;
+                    shared.post(e);
+                }
+                Ok(m @ Message::Connect { reply: true, .. }) => {
+                    let Some((peer, private)) = peer_of(&m) else {
+                        return;
+                    };
+                    let connected = {
+                        let qp = shared.qp.lock().unwrap_or_else(|e| e.into_inner());
+                        if !shared.alive.load(Ordering::Acquire) {
+                            return;
+                        }
+                        connect_qp(*qp as *mut ibv_qp, &local, &peer, &p)
+                    };
+                    if let Err(rc) = connected {
+                        let _ = s.write_all(
+                            &Message::Reject {
+                                private: Vec::new(),
+                            }
+                            .encode(),
+                        );
+                        return fail(RDMA_CM_EVENT_CONNECT_ERROR, -rc);
+                    }
+                    if s.write_all(&Message::ReadyToUse.encode()).is_err() {
+                        return fail(RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNRESET);
+                    }
+                    let reader = s.try_clone();
+                    *shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+                    let mut e = event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+                    e.private = private;
+                    // What the peer serves and asks, from this side's view.
+                    e.c.param.conn.responder_resources = peer.initiator_depth;
+                    e.c.param.conn.initiator_depth = peer.responder_resources;
+                    e.c.param.conn.qp_num = peer.qpn;
+                    shared.post(e);
+                    if let Ok(r) = reader {
+                        watch_disconnect(r, shared, id_addr);
+                    }
+                }
+                _ => fail(RDMA_CM_EVENT_UNREACHABLE, -libc::EPROTO),
+            }
+        });
+        0
+    })
+}
+
+/// `rdma_listen`: each REQ on the bound address becomes a new id in `CONNECT_REQUEST`.
+#[no_mangle]
+unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let Some(listener) = i.listener.as_ref().and_then(|l| l.try_clone().ok()) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let shared = i.shared.clone();
+        let (listen_id, channel, context, ps) = (
+            id as usize,
+            i.c.channel as usize,
+            i.c.context as usize,
+            i.c.ps,
+        );
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if !shared.alive.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(mut s) = conn else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let _ = s.set_nodelay(true);
+                let Ok(m) = Message::read(&mut s) else {
+                    continue;
+                };
+                let Some((peer, private)) = peer_of(&m) else {
+                    continue;
+                };
+                let (Ok(local), Ok(remote)) = (s.local_addr(), s.peer_addr()) else {
+                    continue;
+                };
+                let Some(dev) = device_for(local.ip()) else {
+                    let _ = s.write_all(
+                        &Message::Reject {
+                            private: Vec::new(),
+                        }
+                        .encode(),
+                    );
+                    continue;
+                };
+                let child = new_id(
+                    channel as *mut rdma_event_channel,
+                    shared.queue.clone(),
+                    context as *mut c_void,
+                    ps,
+                );
+                // SAFETY: just made, not yet handed out.
+                let c = unsafe { &mut *child };
+                set_route(c, dev, local, Some(remote));
+                c.c.route.path_rec = &mut *c.path;
+                c.c.route.num_paths = 1;
+                c.request = Some(peer.clone());
+                *c.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+                let mut e = event(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+                e.c.listen_id = listen_id as *mut rdma_cm_id;
+                e.private = private;
+                // What the requester serves and asks, from this side's view.
+                e.c.param.conn.responder_resources = peer.initiator_depth;
+                e.c.param.conn.initiator_depth = peer.responder_resources;
+                e.c.param.conn.retry_count = peer.retry_count;
+                e.c.param.conn.rnr_retry_count = peer.rnr_retry_count;
+                e.c.param.conn.qp_num = peer.qpn;
+                // A listening id destroyed meanwhile takes no event: the new id is dropped.
+                if shared.alive.load(Ordering::Acquire) {
+                    shared.post(e);
+                } else {
+                    // SAFETY: never handed out.
+                    drop(unsafe { Box::from_raw(child) });
+                }
+            }
+        });
+        0
+    })
+}
+
+/// `rdma_accept`: brings the QP to RTS toward the requester and sends the REP;
+/// `ESTABLISHED` when the RTU arrives.
+#[no_mangle]
+unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let Some(peer) = i.request.clone() else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: per the API, NULL or the program's parameters.
+        let p = unsafe { param.as_ref() }
+            .copied()
+            .unwrap_or(rdma_conn_param {
+                responder_resources: peer.initiator_depth,
+                initiator_depth: peer.responder_resources,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                ..Default::default()
+            });
+        let Some(local) = i.local() else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if let Err(rc) = connect_qp(i.c.qp, &local, &peer, &Params::from(&p)) {
+            set_errno(rc);
+            return -1;
+        }
+        // SAFETY: the program's private data.
+        let rep = connect_message(i, &p, true, unsafe { private_of(&p) });
+        let stream = i
+            .shared
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|s| s.try_clone().ok());
+        let Some(mut s) = stream else {
+            set_errno(libc::ECONNRESET);
+            return -1;
+        };
+        if let Err(e) = s.write_all(&rep.encode()) {
+            set_errno(e.raw_os_error().unwrap_or(libc::ECONNRESET));
+            return -1;
+        }
+        let shared = i.shared.clone();
+        let id_addr = id as usize;
+        std::thread::spawn(move || {
+            let kind = match Message::read(&mut s) {
+                Ok(Message::ReadyToUse) => RDMA_CM_EVENT_ESTABLISHED,
+                Ok(Message::Reject { .. }) => RDMA_CM_EVENT_REJECTED,
+                _ => RDMA_CM_EVENT_CONNECT_ERROR,
+            };
+            shared.post(event(id_addr as *mut rdma_cm_id, kind, 0));
+            if kind == RDMA_CM_EVENT_ESTABLISHED {
+                watch_disconnect(s, shared, id_addr);
+            }
+        });
+        0
+    })
+}
+
+/// `rdma_reject`: sends a REJ with the program's private data.
+#[no_mangle]
+unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private: *const c_void, len: u8) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let p = rdma_conn_param {
+            private_data: private,
+            private_data_len: len,
+            ..Default::default()
+        };
+        // SAFETY: the program's private data.
+        let rej = Message::Reject {
+            private: unsafe { private_of(&p) },
+        };
+        if let Some(s) = i
+            .shared
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = (&s).write_all(&rej.encode());
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        0
+    })
+}
+
+/// `rdma_disconnect`: moves the QP to ERR, sends a DREQ; `DISCONNECTED` on both sides.
+#[no_mangle]
+unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        move_qp_to_error(i.c.qp);
+        let stream = i
+            .shared
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(s) = stream else {
+            set_errno(libc::ENOTCONN);
+            return -1;
+        };
+        let _ = (&s).write_all(&Message::Disconnect.encode());
+        // The watching thread reads the close and reports DISCONNECTED here as well.
+        let _ = s.shutdown(Shutdown::Both);
+        0
+    })
+}
+
+/// `rdma_get_cm_event`: the next event; blocks unless the channel's fd is non-blocking.
+#[no_mangle]
+unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(ch) = (unsafe { channel_of(channel) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if out.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // A count whose event went with its destroyed id is skipped: the next read blocks (or
+        // says EAGAIN on a non-blocking fd), as for a channel with nothing to report.
+        let e = loop {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local; blocks per the fd's flags, as librdmacm's.
+            let n = unsafe { libc::read(ch.queue.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            if n != 8 {
+                return -1;
+            }
+            let e = ch
+                .queue
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            if e.is_some() {
+                break e;
+            }
+        };
+        match e {
+            Some(e) => {
+                let ev = e as *mut Event;
+                // SAFETY: a queued event box, now the program's until acknowledged; a new id
+                // from a request learns its event.
+                unsafe {
+                    if let Some(id) = id_of((*ev).c.id) {
+                        id.c.event = ev.cast();
+                    }
+                    *out = ev.cast();
+                }
+                0
+            }
+            None => {
+                set_errno(libc::EAGAIN);
+                -1
+            }
+        }
+    })
+}
+
+/// `rdma_ack_cm_event`.
+#[no_mangle]
+unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    if event.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: an event this library handed out, acknowledged once.
+    drop(unsafe { Box::from_raw(event.cast::<Event>()) });
+    0
+}
+
+/// `rdma_event_str`.
+#[no_mangle]
+extern "C" fn rdma_event_str(event: rdma_cm_event_type) -> *const c_char {
+    let s: &CStr = match event {
+        RDMA_CM_EVENT_ADDR_RESOLVED => c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        RDMA_CM_EVENT_ADDR_ERROR => c"RDMA_CM_EVENT_ADDR_ERROR",
+        RDMA_CM_EVENT_ROUTE_RESOLVED => c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        RDMA_CM_EVENT_ROUTE_ERROR => c"RDMA_CM_EVENT_ROUTE_ERROR",
+        RDMA_CM_EVENT_CONNECT_REQUEST => c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        RDMA_CM_EVENT_CONNECT_RESPONSE => c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        RDMA_CM_EVENT_CONNECT_ERROR => c"RDMA_CM_EVENT_CONNECT_ERROR",
+        RDMA_CM_EVENT_UNREACHABLE => c"RDMA_CM_EVENT_UNREACHABLE",
+        RDMA_CM_EVENT_REJECTED => c"RDMA_CM_EVENT_REJECTED",
+        RDMA_CM_EVENT_ESTABLISHED => c"RDMA_CM_EVENT_ESTABLISHED",
+        RDMA_CM_EVENT_DISCONNECTED => c"RDMA_CM_EVENT_DISCONNECTED",
+        RDMA_CM_EVENT_DEVICE_REMOVAL => c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        RDMA_CM_EVENT_MULTICAST_JOIN => c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        RDMA_CM_EVENT_MULTICAST_ERROR => c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        RDMA_CM_EVENT_ADDR_CHANGE => c"RDMA_CM_EVENT_ADDR_CHANGE",
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => c"UNKNOWN EVENT",
+    };
+    s.as_ptr()
+}
+
+/// `rdma_get_src_port` (network byte order).
+#[no_mangle]
+unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: per the API.
+    unsafe { id_of(id) }
+        .and_then(|i| src_addr(i))
+        .map_or(0, |a| a.port().to_be())
+}
+
+/// `rdma_get_dst_port` (network byte order).
+#[no_mangle]
+unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: per the API.
+    unsafe { id_of(id) }
+        .and_then(|i| dst_addr(i))
+        .map_or(0, |a| a.port().to_be())
+}
+
+/// `rdma_set_option`: the local ACK timeout is honoured, address reuse is what ferroce does
+/// anyway; anything else (TOS, path records) is not supported.
+#[no_mangle]
+unsafe extern "C" fn rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    // SAFETY: per the API.
+    let Some(i) = (unsafe { id_of(id) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    match (level as u32, optname as u32) {
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if optlen >= 1 && !optval.is_null() => {
+            // SAFETY: at least one byte, as optlen says.
+            i.ack_timeout = unsafe { *optval.cast::<u8>() }.min(31);
+            0
+        }
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) => 0,
+        _ => {
+            set_errno(libc::EOPNOTSUPP);
+            -1
+        }
+    }
+}
+
+/// `rdma_getaddrinfo`: the system's resolution, shaped as RC connection addresses.
+#[no_mangle]
+unsafe extern "C" fn rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    guard(-1, || {
+        if res.is_null() || (node.is_null() && service.is_null()) {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: per the API, NULL or the program's hints.
+        let h = unsafe { hints.as_ref() }.copied().unwrap_or_default();
+        let passive = h.ai_flags & RAI_PASSIVE != 0;
+        let mut sys_hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+        sys_hints.ai_family = h.ai_family;
+        sys_hints.ai_socktype = libc::SOCK_STREAM;
+        sys_hints.ai_flags = if passive { libc::AI_PASSIVE } else { 0 }
+            | if h.ai_flags & RAI_NUMERICHOST != 0 {
+                libc::AI_NUMERICHOST
+            } else {
+                0
+            };
+        let mut found: *mut libc::addrinfo = std::ptr::null_mut();
+        // SAFETY: C strings or NULL, a zero-initialised hints structure and an output.
+        let rc = unsafe { libc::getaddrinfo(node, service, &sys_hints, &mut found) };
+        if rc != 0 || found.is_null() {
+            set_errno(libc::EADDRNOTAVAIL);
+            return -1;
+        }
+        // SAFETY: the first entry of the list getaddrinfo returned.
+        let first = unsafe { &*found };
+        let len = first.ai_addrlen;
+        // SAFETY: fresh allocations of the sizes written below, freed in rdma_freeaddrinfo.
+        let (ai, addr) = unsafe {
+            (
+                libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()).cast::<rdma_addrinfo>(),
+                libc::calloc(1, len as usize).cast::<sockaddr>(),
+            )
+        };
+        if ai.is_null() || addr.is_null() {
+            // SAFETY: freeing what was allocated (free(NULL) is a no-op).
+            unsafe {
+                libc::free(ai.cast());
+                libc::free(addr.cast());
+                libc::freeaddrinfo(found);
+            }
+            set_errno(libc::ENOMEM);
+            return -1;
+        }
+        // SAFETY: `len` bytes from getaddrinfo's address into ours; then its list is freed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                first.ai_addr.cast::<u8>(),
+                addr.cast::<u8>(),
+                len as usize,
+            );
+            let family = first.ai_family;
+            libc::freeaddrinfo(found);
+            let a = &mut *ai;
+            a.ai_flags = h.ai_flags;
+            a.ai_family = family;
+            a.ai_qp_type = if h.ai_qp_type != 0 {
+                h.ai_qp_type
+            } else {
+                IBV_QPT_RC as c_int
+            };
+            a.ai_port_space = if h.ai_port_space != 0 {
+                h.ai_port_space
+            } else {
+                RDMA_PS_TCP as c_int
+            };
+            if passive {
+                a.ai_src_len = len;
+                a.ai_src_addr = addr;
+            } else {
+                a.ai_dst_len = len;
+                a.ai_dst_addr = addr;
+            }
+            *res = ai;
+        }
+        0
+    })
+}
+
+/// `rdma_freeaddrinfo`.
+#[no_mangle]
+unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut cur = res;
+    // SAFETY: a list from rdma_getaddrinfo, freed once, entry by entry.
+    while let Some(a) = unsafe { cur.as_mut() } {
+        let next = a.ai_next;
+        // SAFETY: each pointer is ours or NULL.
+        unsafe {
+            libc::free(a.ai_src_addr.cast());
+            libc::free(a.ai_dst_addr.cast());
+            libc::free(a.ai_src_canonname.cast());
+            libc::free(a.ai_dst_canonname.cast());
+            libc::free(cur.cast());
+        }
+        cur = next;
+    }
+}
+
+/// `rdma_get_devices`: every device's context, NULL-terminated.
+#[no_mangle]
+unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    guard(std::ptr::null_mut(), || {
+        let Some(v) = verbs() else {
+            set_errno(libc::ENOSYS);
+            return std::ptr::null_mut();
+        };
+        let ctxs: Vec<*mut ibv_context> = ferroce::devices()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| context_named(v, d.name()))
+            .collect();
+        // SAFETY: an allocation of n + 1 pointers, freed by rdma_free_devices.
+        let list = unsafe { libc::calloc(ctxs.len() + 1, std::mem::size_of::<*mut ibv_context>()) }
+            .cast::<*mut ibv_context>();
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        for (k, c) in ctxs.iter().enumerate() {
+            // SAFETY: k < n.
+            unsafe { *list.add(k) = *c };
+        }
+        if !num.is_null() {
+            // SAFETY: the caller's output.
+            unsafe { *num = ctxs.len() as c_int };
+        }
+        list
+    })
+}
+
+/// `rdma_free_devices`.
+#[no_mangle]
+unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: the list from rdma_get_devices (its contexts stay open, as librdmacm's).
+    unsafe { libc::free(list.cast()) }
+}
+
+/// The rest of librdmacm: the synchronous endpoint calls, SRQs on ids, multicast, migration,
+/// ECE and rsockets. They fail as unsupported.
+mod unsupported {
+    use crate::set_errno;
+
+    macro_rules! minus_one_enosys {
+        ($($name:ident),* $(,)?) => {$(
+            #[doc = concat!("`", stringify!($name), "`: not supported (-1, errno EOPNOTSUPP).")]
+            #[no_mangle]
+            extern "C" fn $name() -> libc::c_int {
+                set_errno(libc::EOPNOTSUPP);
+                -1
+            }
+        )*};
+    }
+
+    minus_one_enosys!(
+        rdma_create_ep,
+        rdma_create_srq,
+        rdma_create_srq_ex,
+        rdma_get_request,
+        rdma_join_multicast,
+        rdma_join_multicast_ex,
+        rdma_leave_multicast,
+        rdma_migrate_id,
+        rdma_notify,
+        rdma_establish,
+        rdma_init_qp_attr,
+        rdma_get_remote_ece,
+        rdma_reject_ece,
+        rdma_set_local_ece,
+        raccept,
+        rbind,
+        rclose,
+        rconnect,
+        rfcntl,
+        rgetpeername,
+        rgetsockname,
+        rgetsockopt,
+        riomap,
+        riounmap,
+        riowrite,
+        rlisten,
+        rpoll,
+        rread,
+        rreadv,
+        rrecv,
+        rrecvfrom,
+        rrecvmsg,
+        rselect,
+        rsend,
+        rsendmsg,
+        rsendto,
+        rsetsockopt,
+        rshutdown,
+        rsocket,
+        rwrite,
+        rwritev,
+    );
+
+    /// `rdma_destroy_ep`: no endpoint is ever made (`rdma_create_ep` is unsupported).
+    #[no_mangle]
+    extern "C" fn rdma_destroy_ep() {}
+
+    /// `rdma_destroy_srq`: no SRQ is ever made on an id (`rdma_create_srq` is unsupported).
+    #[no_mangle]
+    extern "C" fn rdma_destroy_srq() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Message;
+
+    #[test]
+    fn messages_round_trip_and_refuse_junk() {
+        let msgs = [
+            Message::Connect {
+                reply: false,
+                qpn: 0x12_3456,
+                psn: 0xab_cdef,
+                gid: [7; 16],
+                mtu: 5,
+                responder_resources: 16,
+                initiator_depth: 4,
+                retry_count: 7,
+                rnr_retry_count: 6,
+                private: b"perftest".to_vec(),
+            },
+            Message::Connect {
+                reply: true,
+                qpn: 1,
+                psn: 2,
+                gid: [0; 16],
+                mtu: 3,
+                responder_resources: 0,
+                initiator_depth: 0,
+                retry_count: 0,
+                rnr_retry_count: 0,
+                private: Vec::new(),
+            },
+            Message::Reject {
+                private: vec![1, 2, 3],
+            },
+            Message::ReadyToUse,
+            Message::Disconnect,
+        ];
+        for m in msgs {
+            let b = m.encode();
+            assert_eq!(Message::read(&mut &b[..]).unwrap(), m);
+            // Every truncation is an error, never a panic.
+            for cut in 0..b.len() {
+                assert!(Message::read(&mut &b[..cut]).is_err());
+            }
+        }
+        assert!(Message::read(&mut &b"XXXX\x01"[..]).is_err());
+        assert!(Message::read(&mut &b"FRCM\x09"[..]).is_err());
+    }
+}
