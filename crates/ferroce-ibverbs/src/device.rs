@@ -206,6 +206,8 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             host_slot: true,
             // C programs often wait by spinning on memory a peer writes, not on a CQ.
             hand_over_to_polling_app: false,
+            // As on a fabric: an idle QP does not learn that its peer went away.
+            fail_idle_qps_when_peer_goes: false,
             ..ferroce::ContextOptions::default()
         };
         let ctx = match d.inner.open(&opts) {

@@ -45,6 +45,13 @@ pub struct ContextOptions {
     /// spin on memory a peer WRITEs (perftest's `ib_write_lat`): between their polls nobody
     /// would read the socket for the whole grace period. Default: on.
     pub hand_over_to_polling_app: bool,
+    /// When a same-host peer process goes away (or resets its QP), move QPs linked to it to
+    /// ERR at once, even those with nothing to send (default), so the failure is seen fast. Off,
+    /// an idle QP stays as it is, as on a fabric, where it could not tell: rdma-core programs
+    /// that exit after their last completion leave the peer's spare receives posted, and count
+    /// a flushed one as a failure (`ibv_rc_pingpong` does). A QP with work under way fails
+    /// either way; a later send on an idle one fails by retry timeout.
+    pub fail_idle_qps_when_peer_goes: bool,
 }
 
 /// Several processes of one host, each with its own UDP port, told apart by QPN alone.
@@ -84,6 +91,7 @@ impl Default for ContextOptions {
             provider: Provider::from_env().unwrap_or_default(),
             host_slot: false,
             hand_over_to_polling_app: true,
+            fail_idle_qps_when_peer_goes: true,
         }
     }
 }
@@ -114,6 +122,8 @@ pub(crate) struct ContextShared {
     pub app_polling_until: AtomicU64,
     /// See [`ContextOptions::hand_over_to_polling_app`].
     pub hand_over_to_polling_app: bool,
+    /// See [`ContextOptions::fail_idle_qps_when_peer_goes`].
+    pub fail_idle_qps_when_peer_goes: bool,
     pub epoch: std::time::Instant,
     pub engine: Mutex<EngineState>,
     /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
@@ -285,6 +295,7 @@ impl Context {
             shutdown: AtomicBool::new(false),
             app_polling_until: AtomicU64::new(0),
             hand_over_to_polling_app: options.hand_over_to_polling_app,
+            fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
             epoch: std::time::Instant::now(),
             engine: Mutex::new(EngineState::new()),
             work_pending: AtomicBool::new(true),

@@ -474,7 +474,7 @@ impl ContextShared {
             {
                 // What the peer wrote before it went (the ACK of our last SEND, say) counts.
                 super::transfer::drain_ring(self, &qp, &mut buf, now, usize::MAX);
-                super::transfer::peer_gone(&qp, false);
+                super::transfer::peer_gone(&qp, self.fail_idle_qps_when_peer_goes);
             }
         }
         true

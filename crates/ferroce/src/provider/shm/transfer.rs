@@ -110,23 +110,21 @@ pub(crate) fn drain_ring(
     did
 }
 
-/// Ends a link whose peer went away (`broke`: broke the ring). Whatever the peer wrote into the
-/// ring before it went must be handled first by the caller ([`drain_ring`]): a process that
-/// ACKed a SEND and exited has delivered that ACK, and the SEND must complete.
+/// Ends a link whose peer went away. Whatever the peer wrote into the ring before it went must
+/// be handled first by the caller ([`drain_ring`]): a process that ACKed a SEND and exited has
+/// delivered that ACK, and the SEND must complete.
 ///
-/// Work under way then fails at once (on a fabric it would fail after the retry timeouts),
-/// and so does a QP whose peer broke the ring. A QP with nothing to send stays as it is, as on
-/// a fabric, where it could not tell: an rdma-core program that exits after its last
-/// completion leaves its peer's spare receives posted, not flushed (`ibv_rc_pingpong` counts
-/// a flushed one as a failure); a later send finds no peer and fails by retry timeout.
-pub(crate) fn peer_gone(qp: &QpShared, broke: bool) {
+/// The QP then fails at once (on a fabric work under way would fail after the retry timeouts),
+/// unless `fail_idle` is off and it has nothing to send: then it stays as it is, as on a
+/// fabric, where it could not tell (see [`crate::ContextOptions::fail_idle_qps_when_peer_goes`]).
+pub(crate) fn peer_gone(qp: &QpShared, fail_idle: bool) {
     if let Some(s) = &qp.shm {
         s.linked.store(false, Ordering::Release);
         *s.lock() = Link::Broken;
     }
     let mut q = qp.qp.lock();
     q.peer_memory = None;
-    if broke || !q.is_send_queue_empty() {
+    if fail_idle || !q.is_send_queue_empty() {
         q.modify_to_error();
     }
     qp.publish_state(&q);
