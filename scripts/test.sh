@@ -21,6 +21,7 @@ command -v objdump >/dev/null 2>&1 || need_pkgs+=(binutils)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
 command -v ib_write_lat >/dev/null 2>&1 || need_pkgs+=(perftest)
 command -v rping >/dev/null 2>&1 || need_pkgs+=(rdmacm-utils)
+command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

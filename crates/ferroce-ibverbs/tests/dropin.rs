@@ -706,3 +706,45 @@ fn rdma_cm_programs_connect_through_ferroce_librdmacm() {
         }
     }
 }
+
+/// UCX's own benchmark on its RC verbs transport (UCT level: `-x rc_verbs`) between two
+/// processes: PUT and active-message ping-pongs and a zero-copy PUT stream. UCX accepts a
+/// device only if `/dev/infiniband/<uverbsN>` is a character device it may open: made here as
+/// links to /dev/null (root; CI runs as root).
+#[test]
+fn ucx_perftest_runs_on_rc_verbs() {
+    std::fs::create_dir_all("/dev/infiniband").expect("making /dev/infiniband (run as root)");
+    for i in 0..8 {
+        let link = PathBuf::from(format!("/dev/infiniband/uverbs{i}"));
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink("/dev/null", &link).expect("linking a uverbs device");
+        }
+    }
+    let runs: &[&[&str]] = &[
+        &["-t", "put_lat", "-s", "8", "-n", "2000"],
+        &["-t", "am_lat", "-s", "8", "-n", "2000"],
+        &["-t", "put_bw", "-s", "65536", "-n", "500", "-D", "zcopy"],
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        for provider in ["udp", "auto"] {
+            let port = 19010 + 2 * i as u16 + u16::from(provider == "auto");
+            let mk = || {
+                let mut c = over_ferroce("ucx_perftest");
+                c.env("FERROCE_PROVIDER", provider)
+                    .args(["-p", &port.to_string()]);
+                c
+            };
+            let mut client = mk();
+            client
+                .arg("127.0.0.1")
+                .args(["-d", "ferroce_lo:1", "-x", "rc_verbs"])
+                .args(*run);
+            let (_, ct) = pair(mk(), client, port);
+            assert!(
+                ct.lines().any(|l| l.starts_with("Final:")),
+                "{provider} {run:?}: no result\n{ct}"
+            );
+            assert!(!ct.contains("ERROR"), "{provider} {run:?}\n{ct}");
+        }
+    }
+}

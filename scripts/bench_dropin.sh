@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Unmodified perftest over ferroce's drop-in libibverbs.so.1 beside `ferroce perf` (the same
+# transport through ferroce's own API), two processes on loopback, in the same run:
+#   scripts/bench_dropin.sh           # REPS=3 pairs of runs per figure by default
+# Prints perftest's t_typical (latency) or average bandwidth, ferroce perf's, and their ratio
+# (median and range over REPS interleaved pairs), for each provider (udp, and auto = shared
+# memory between the two processes). The ratio is the price of the C ABI and of perftest's
+# own way of waiting (ib_write_lat spins on memory and never calls the library).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build-libibverbs.sh >/dev/null
+cargo build --release -q -p ferroce-cli
+F=$PWD/target/release/ferroce
+LIB=$PWD/target/ibverbs
+REPS=${REPS:-3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+port=19500
+
+listening() { grep -q ":$(printf '%04X' "$1") 00000000:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
+# pair OUT SERVER-CMD... -- CLIENT-EXTRA...: server in the background, client once it listens.
+pair() {
+  local out=$1; shift
+  local srv=() ; while [ "$1" != -- ]; do srv+=("$1"); shift; done; shift
+  port=$((port + 1))
+  "${srv[@]}" -p $port > "$out.srv" 2>&1 &
+  local pid=$! i=0
+  while ! listening $port; do sleep 0.01; i=$((i+1)); [ $i -gt 1000 ] && break; done
+  "${srv[@]}" -p $port "$@" > "$out" 2>&1 || true
+  wait $pid || true
+}
+
+for prov in udp auto; do
+  for spec in "write_lat|8|20000" "send_lat|8|20000" "read_lat|8|20000" "atomic_lat|8|20000" \
+              "write_bw|65536|20000" "read_bw|1048576|1000"; do
+    IFS='|' read -r t size iters <<< "$spec"
+    for r in $(seq "$REPS"); do
+      pair "$tmp/pt_${prov}_${t}_$r" env LD_LIBRARY_PATH="$LIB" FERROCE_PROVIDER=$prov \
+        ib_$t -d ferroce_lo -x 0 -s "$size" -n "$iters" -F -- 127.0.0.1
+      pair "$tmp/fp_${prov}_${t}_$r" "$F" perf "$t" --provider "$prov" -s "$size" -n "$iters" --json -- 127.0.0.1
+    done
+  done
+done
+
+python3 - "$tmp" "$REPS" <<'PY'
+import json, os, re, statistics, sys
+d, reps = sys.argv[1], int(sys.argv[2])
+def perftest(path, lat):
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 5 and f[0].isdigit() and f[1].isdigit():
+            # lat: #bytes #iters t_min t_max t_typical ...; bw: #bytes #iters peak avg msg_rate
+            return float(f[4] if lat else f[3])
+    raise SystemExit(f"no result in {path}: {open(path).read()[-400:]}")
+def ferroce(path, lat):
+    for line in open(path):
+        if line.startswith("{"):
+            j = json.loads(line)
+            return j["t_typical_us"] if lat else j["bw_avg_mb_s"]
+    raise SystemExit(f"no result in {path}: {open(path).read()[-400:]}")
+print(f"{'test':<22}{'provider':<9}{'perftest+libibverbs':>21}{'ferroce perf':>14}{'ratio (median, range)':>26}")
+for prov in ["udp", "auto"]:
+    for t, size in [("write_lat", 8), ("send_lat", 8), ("read_lat", 8), ("atomic_lat", 8),
+                    ("write_bw", 65536), ("read_bw", 1048576)]:
+        lat = t.endswith("lat")
+        a = [perftest(os.path.join(d, f"pt_{prov}_{t}_{r}"), lat) for r in range(1, reps + 1)]
+        b = [ferroce(os.path.join(d, f"fp_{prov}_{t}_{r}"), lat) for r in range(1, reps + 1)]
+        ratios = [x / y for x, y in zip(a, b)]
+        unit = "us" if lat else "MB/s"
+        print(f"{t + ' ' + str(size) + ' B':<22}{prov:<9}{statistics.median(a):>15.2f} {unit:<5}"
+              f"{statistics.median(b):>9.2f} {unit:<5}{statistics.median(ratios):>9.2f}x "
+              f"({min(ratios):.2f}..{max(ratios):.2f})")
+PY
