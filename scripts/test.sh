@@ -22,6 +22,7 @@ command -v ibv_rc_pingpong >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
 command -v ib_write_lat >/dev/null 2>&1 || need_pkgs+=(perftest)
 command -v rping >/dev/null 2>&1 || need_pkgs+=(rdmacm-utils)
 command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
+[ -d /usr/share/doc/rdma-core/tests ] || need_pkgs+=(python3-pyverbs)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -37,6 +38,10 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
+# The drop-in libibverbs tests link libibverbs.so.1 from the crate's staticlib, which cargo
+# builds only when asked for the crate itself (not for its tests): build it in the test profile
+# first, so it lands beside the test binaries (target/debug).
+cargo build --profile test -p ferroce-ibverbs
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 echo "== live interop with Linux rxe (QEMU guest; set-up on first run)"

@@ -91,7 +91,7 @@ unsafe extern "C" fn ibv_create_cq(
     cqe: libc::c_int,
     cq_context: *mut libc::c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: libc::c_int,
+    comp_vector: libc::c_int,
 ) -> *mut ibv_cq {
     guard(std::ptr::null_mut(), || {
         // SAFETY: per the API.
@@ -99,6 +99,11 @@ unsafe extern "C" fn ibv_create_cq(
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };
+        // One completion vector, as `num_comp_vectors` says.
+        if comp_vector != 0 {
+            set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
         let Some(capacity) = usize::try_from(cqe)
             .ok()
             .filter(|&n| n >= 1 && n <= limits::MAX_CQE as usize)

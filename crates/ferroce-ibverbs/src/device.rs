@@ -26,7 +26,9 @@ static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// An opened device.
 #[repr(C)]
 pub(crate) struct Context {
-    pub c: ibv_context,
+    /// rdma-core's extended context, whose last field is the `ibv_context` programs hold: the
+    /// inline extended calls of `<infiniband/verbs.h>` find the operations in front of it.
+    vctx: verbs_context,
     pub ctx: ferroce::Context,
     /// The GID index the context's socket is bound to (`FERROCE_GID_INDEX`, default 0).
     pub gid_index: usize,
@@ -43,8 +45,24 @@ impl Context {
     /// # Safety
     /// `ctx` must be a context this library returned and not yet closed.
     pub(crate) unsafe fn from_c<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
-        // SAFETY: `c` is the first field of the repr(C) `Context`, so the pointers are equal.
-        unsafe { ctx.cast::<Context>().as_ref() }
+        // SAFETY: the caller's contract.
+        unsafe { Context::ptr_of(ctx).as_ref() }
+    }
+
+    /// The box a program's `ibv_context *` lies in (NULL for NULL).
+    ///
+    /// # Safety
+    /// `ctx` must be NULL or a context this library returned.
+    unsafe fn ptr_of(ctx: *mut ibv_context) -> *mut Context {
+        if ctx.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `vctx` is the first field of the repr(C) `Context` and the program's pointer
+        // is its `context` field, so stepping back by that field's offset stays inside the box.
+        unsafe {
+            ctx.byte_sub(std::mem::offset_of!(verbs_context, context))
+                .cast::<Context>()
+        }
     }
 
     fn device(&self) -> &ferroce::Device {
@@ -239,18 +257,29 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             cmd_fd: cmd_fd.as_raw_fd(),
             async_fd: async_fd.as_raw_fd(),
             num_comp_vectors: 1,
-            // Zeroed is PTHREAD_MUTEX_INITIALIZER on glibc; abi_compat NULL says "no
-            // verbs_context", so the inline extended calls take their legacy paths.
+            // rdma-core's mark of an extended context (`__VERBS_ABI_IS_EXTENDED`).
+            abi_compat: usize::MAX as *mut libc::c_void,
+            // Zeroed is PTHREAD_MUTEX_INITIALIZER on glibc.
             ..Default::default()
         };
-        let boxed = Box::new(Context {
-            c,
+        // The extended operations ferroce has; every other one is NULL, which the inline calls
+        // answer with their legacy path or EOPNOTSUPP.
+        let vctx = verbs_context {
+            query_port: Some(query_port_ex),
+            query_device_ex: Some(query_device_ex),
+            sz: std::mem::size_of::<verbs_context>() as size_t,
+            context: c,
+            ..Default::default()
+        };
+        let boxed = Box::into_raw(Box::new(Context {
+            vctx,
             ctx,
             gid_index,
             async_fd,
             cmd_fd,
-        });
-        Box::into_raw(boxed).cast()
+        }));
+        // SAFETY: just made; the program gets the `ibv_context` inside it.
+        unsafe { std::ptr::addr_of_mut!((*boxed).vctx.context) }
     })
 }
 
@@ -274,7 +303,7 @@ unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> libc::c_int {
             return libc::EINVAL;
         }
         // SAFETY: per the API, `ctx` came from ibv_open_device and is closed once.
-        drop(unsafe { Box::from_raw(ctx.cast::<Context>()) });
+        drop(unsafe { Box::from_raw(Context::ptr_of(ctx)) });
         0
     })
 }
@@ -293,6 +322,54 @@ pub(crate) mod limits {
     pub const MAX_RD_ATOMIC: u32 = ferroce_proto::attr::MAX_RD_ATOMIC as u32;
 }
 
+/// The vendor ID Linux's software RDMA devices report (rxe's `RXE_VENDOR_ID`): programs that
+/// key features on the vendor treat ferroce as the software device it is, and rdma-core's own
+/// tests insist on a non-zero one.
+const SOFTWARE_VENDOR_ID: u32 = 0xff_ffff;
+
+/// The device's attributes.
+fn device_attr(c: &Context) -> ibv_device_attr {
+    let mut a = ibv_device_attr {
+        node_guid: guid_of(c.device()).to_be(),
+        sys_image_guid: guid_of(c.device()).to_be(),
+        max_mr_size: ferroce_proto::attr::MAX_MESSAGE_LEN,
+        page_size_cap: 0xffff_f000,
+        vendor_id: SOFTWARE_VENDOR_ID,
+        vendor_part_id: 0,
+        hw_ver: 0,
+        max_qp: ferroce::host_slot::QPNS_PER_SLOT as i32 - 0x11,
+        max_qp_wr: limits::MAX_QP_WR as i32,
+        device_cap_flags: IBV_DEVICE_PORT_ACTIVE_EVENT
+            | IBV_DEVICE_SYS_IMAGE_GUID
+            | IBV_DEVICE_RC_RNR_NAK_GEN
+            | IBV_DEVICE_N_NOTIFY_CQ,
+        max_sge: limits::MAX_SGE as i32,
+        max_sge_rd: limits::MAX_SGE as i32,
+        max_cq: 1 << 16,
+        max_cqe: limits::MAX_CQE as i32,
+        max_mr: 1 << 18,
+        max_pd: 1 << 16,
+        max_qp_rd_atom: limits::MAX_RD_ATOMIC as i32,
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: (limits::MAX_RD_ATOMIC * 4096) as i32,
+        max_qp_init_rd_atom: limits::MAX_RD_ATOMIC as i32,
+        max_ee_init_rd_atom: 0,
+        atomic_cap: IBV_ATOMIC_HCA,
+        max_srq: 1 << 16,
+        max_srq_wr: limits::MAX_QP_WR as i32,
+        max_srq_sge: limits::MAX_SGE as u16 as i32,
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: 1,
+        ..Default::default()
+    };
+    copy_c_string(
+        &mut a.fw_ver,
+        concat!("ferroce ", env!("CARGO_PKG_VERSION")),
+    );
+    a
+}
+
 /// `ibv_query_device`.
 #[no_mangle]
 unsafe extern "C" fn ibv_query_device(
@@ -305,45 +382,7 @@ unsafe extern "C" fn ibv_query_device(
         else {
             return libc::EINVAL;
         };
-        let mut a = ibv_device_attr {
-            node_guid: guid_of(c.device()).to_be(),
-            sys_image_guid: guid_of(c.device()).to_be(),
-            max_mr_size: ferroce_proto::attr::MAX_MESSAGE_LEN,
-            page_size_cap: 0xffff_f000,
-            vendor_id: 0,
-            vendor_part_id: 0,
-            hw_ver: 0,
-            max_qp: ferroce::host_slot::QPNS_PER_SLOT as i32 - 0x11,
-            max_qp_wr: limits::MAX_QP_WR as i32,
-            device_cap_flags: IBV_DEVICE_PORT_ACTIVE_EVENT
-                | IBV_DEVICE_SYS_IMAGE_GUID
-                | IBV_DEVICE_RC_RNR_NAK_GEN
-                | IBV_DEVICE_N_NOTIFY_CQ,
-            max_sge: limits::MAX_SGE as i32,
-            max_sge_rd: limits::MAX_SGE as i32,
-            max_cq: 1 << 16,
-            max_cqe: limits::MAX_CQE as i32,
-            max_mr: 1 << 18,
-            max_pd: 1 << 16,
-            max_qp_rd_atom: limits::MAX_RD_ATOMIC as i32,
-            max_ee_rd_atom: 0,
-            max_res_rd_atom: (limits::MAX_RD_ATOMIC * 4096) as i32,
-            max_qp_init_rd_atom: limits::MAX_RD_ATOMIC as i32,
-            max_ee_init_rd_atom: 0,
-            atomic_cap: IBV_ATOMIC_HCA,
-            max_srq: 1 << 16,
-            max_srq_wr: limits::MAX_QP_WR as i32,
-            max_srq_sge: limits::MAX_SGE as u16 as i32,
-            max_pkeys: 1,
-            local_ca_ack_delay: 15,
-            phys_port_cnt: 1,
-            ..Default::default()
-        };
-        copy_c_string(
-            &mut a.fw_ver,
-            concat!("ferroce ", env!("CARGO_PKG_VERSION")),
-        );
-        *out = a;
+        *out = device_attr(c);
         0
     })
 }
@@ -617,3 +656,75 @@ unsafe extern "C" fn ibv_get_async_event(
 /// `ibv_ack_async_event`: nothing to count, as no event is ever handed out.
 #[no_mangle]
 unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+
+/// `verbs_context.query_device_ex`: the attributes and the extended ones ferroce has (one
+/// port; no ODP, TSO, RSS, tag matching, packet pacing). Copies at most `attr_size` bytes,
+/// zeroing any the program's newer structure has beyond ours.
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: size_t,
+) -> libc::c_int {
+    let attr_size = attr_size as usize;
+    guard(libc::EFAULT, || {
+        // SAFETY: per the API.
+        let Some(c) = (unsafe { Context::from_c(ctx) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: per the API, NULL or the program's input.
+        if unsafe { input.as_ref() }.is_some_and(|i| i.comp_mask != 0) {
+            return libc::EINVAL;
+        }
+        if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        let full = ibv_device_attr_ex {
+            orig_attr: device_attr(c),
+            phys_port_cnt_ex: 1,
+            ..Default::default()
+        };
+        let ours = std::mem::size_of::<ibv_device_attr_ex>();
+        // SAFETY: the program's structure holds attr_size bytes; we write that many at most.
+        unsafe {
+            std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
+            std::ptr::copy_nonoverlapping(
+                (&full as *const ibv_device_attr_ex).cast::<u8>(),
+                attr.cast::<u8>(),
+                attr_size.min(ours),
+            );
+        }
+        0
+    })
+}
+
+/// `verbs_context.query_port`: the whole port structure the program's headers know.
+unsafe extern "C" fn query_port_ex(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    attr_len: size_t,
+) -> libc::c_int {
+    let attr_len = attr_len as usize;
+    guard(libc::EFAULT, || {
+        // SAFETY: per the API.
+        let Some(c) = (unsafe { Context::from_c(ctx) }) else {
+            return libc::EINVAL;
+        };
+        if port != 1 || attr.is_null() {
+            return libc::EINVAL;
+        }
+        let full = port_attr(c);
+        let ours = std::mem::size_of::<ibv_port_attr>();
+        // SAFETY: the program's structure holds attr_len bytes; we write that many at most.
+        unsafe {
+            std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_len);
+            std::ptr::copy_nonoverlapping(
+                (&full as *const ibv_port_attr).cast::<u8>(),
+                attr.cast::<u8>(),
+                attr_len.min(ours),
+            );
+        }
+        0
+    })
+}

@@ -197,3 +197,19 @@ unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> libc::c_int {
         0
     })
 }
+
+/// `ibv_rereg_mr`: a ferroce region keeps its pages, rights and domain for life; the old region
+/// stays valid (`IBV_REREG_MR_ERR_INPUT`, errno EOPNOTSUPP), as rdma-core reports a provider
+/// without the call.
+#[no_mangle]
+unsafe extern "C" fn ibv_rereg_mr(
+    _mr: *mut ibv_mr,
+    _flags: libc::c_int,
+    _pd: *mut ibv_pd,
+    _addr: *mut libc::c_void,
+    _length: usize,
+    _access: libc::c_int,
+) -> libc::c_int {
+    set_errno(libc::EOPNOTSUPP);
+    IBV_REREG_MR_ERR_INPUT
+}

@@ -14,12 +14,13 @@ use std::ffi::c_char;
 
 use crate::set_errno;
 
-/// Calls returning an `int` errno.
+/// Calls returning an `int` errno (also left in `errno`, where some callers look).
 macro_rules! returns_errno {
     ($($name:ident),* $(,)?) => {$(
         #[doc = concat!("`", stringify!($name), "`: not supported (EOPNOTSUPP).")]
         #[no_mangle]
         extern "C" fn $name() -> libc::c_int {
+            set_errno(libc::EOPNOTSUPP);
             libc::EOPNOTSUPP
         }
     )*};
@@ -66,7 +67,6 @@ returns_errno!(
     ibv_detach_mcast,
     ibv_destroy_ah,
     ibv_init_ah_from_wc,
-    ibv_rereg_mr,
     ibv_resolve_eth_l2_from_gid,
     ibv_query_ece,
     ibv_set_ece,

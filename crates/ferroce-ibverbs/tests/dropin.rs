@@ -26,7 +26,13 @@ fn library_dir() -> &'static Path {
             .and_then(Path::parent)
             .expect("target dir")
             .join("libferroce_ibverbs.a");
-        assert!(archive.exists(), "{} was not built", archive.display());
+        assert!(
+            archive.exists(),
+            "{} was not built: cargo builds a crate's staticlib only when asked for the crate \
+             itself; run `cargo build --profile test -p ferroce-ibverbs` first \
+             (scripts/test.sh does)",
+            archive.display()
+        );
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ibverbs");
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-libibverbs.sh");
@@ -747,4 +753,49 @@ fn ucx_perftest_runs_on_rc_verbs() {
             assert!(!ct.contains("ERROR"), "{provider} {run:?}\n{ct}");
         }
     }
+}
+
+/// rdma-core's own conformance suite (Debian's python3-pyverbs ships it), run against
+/// ferroce's library: every test it can run must pass; the rest skip because they need a
+/// feature ferroce does not claim (mlx5/EFA direct verbs, UD, ODP, device memory, extended
+/// QPs, …), which the suite finds out by asking the library.
+#[test]
+fn rdma_core_pyverbs_suite_passes() {
+    let shipped = Path::new("/usr/share/doc/rdma-core/tests");
+    assert!(
+        shipped.exists(),
+        "install python3-pyverbs (scripts/test.sh does)"
+    );
+    let dir = scratch("pyverbs-tests");
+    let _ = std::fs::remove_dir_all(&dir);
+    let st = Command::new("cp")
+        .arg("-r")
+        .arg(shipped)
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Debian compresses the larger modules.
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg("gunzip -f *.py.gz")
+        .current_dir(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = Command::new("/usr/bin/python3")
+        .args(["run_tests.py", "--dev", "ferroce_lo", "--gid", "0", "-v"])
+        .current_dir(&dir)
+        .env("LD_LIBRARY_PATH", library_dir())
+        .env("FERROCE_PCAP", "")
+        .output()
+        .expect("python3");
+    let out = text(&o);
+    let passed = out.lines().filter(|l| l.ends_with("... ok")).count();
+    println!(
+        "pyverbs suite: {passed} passed; {}",
+        out.lines().last().unwrap_or("")
+    );
+    assert!(o.status.success(), "{out}");
+    assert!(passed >= 30, "only {passed} tests ran and passed:\n{out}");
 }
