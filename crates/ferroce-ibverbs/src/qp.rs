@@ -187,15 +187,16 @@ fn state_code(s: QpState) -> ibv_qp_state {
 
 /// What each transition requires of the mask, as IBTA's table for RC (rdma-core's
 /// `ibv_modify_qp` passes the mask on unchecked; providers refuse a short one with EINVAL).
-const INIT_NEEDS: u32 = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-const RTR_NEEDS: u32 = IBV_QP_STATE
+pub(crate) const INIT_NEEDS: u32 =
+    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+pub(crate) const RTR_NEEDS: u32 = IBV_QP_STATE
     | IBV_QP_AV
     | IBV_QP_PATH_MTU
     | IBV_QP_DEST_QPN
     | IBV_QP_RQ_PSN
     | IBV_QP_MAX_DEST_RD_ATOMIC
     | IBV_QP_MIN_RNR_TIMER;
-const RTS_NEEDS: u32 = IBV_QP_STATE
+pub(crate) const RTS_NEEDS: u32 = IBV_QP_STATE
     | IBV_QP_SQ_PSN
     | IBV_QP_TIMEOUT
     | IBV_QP_RETRY_CNT
@@ -583,6 +584,26 @@ unsafe fn recv_wr_of(w: &ibv_recv_wr) -> Result<RecvWr, i32> {
     })
 }
 
+/// Posts a C list of receive requests with `post` (a QP's or an SRQ's), as `post_list` does.
+///
+/// # Safety
+/// `wr` must be NULL or a valid list, `bad` NULL or writable.
+unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    post: impl Fn(RecvWr) -> ferroce::Result<()>,
+) -> libc::c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        post_list(
+            wr,
+            bad,
+            |w| w.next,
+            |w| post(recv_wr_of(w)?).map_err(|e| errno_of(&e)),
+        )
+    }
+}
+
 /// `ctx->ops.post_recv`.
 pub(crate) unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
@@ -590,21 +611,10 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> libc::c_int {
     guard(libc::EFAULT, || {
-        // SAFETY: per the API.
-        let Some(q) = (unsafe { qp_of(qp) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: per the API, a valid list and output.
-        unsafe {
-            post_list(
-                wr,
-                bad,
-                |w| w.next,
-                |w| {
-                    let req = recv_wr_of(w)?;
-                    q.inner.post_recv(req).map_err(|e| errno_of(&e))
-                },
-            )
+        // SAFETY: per the API: a QP of ours, a valid list and output.
+        match unsafe { qp_of(qp) } {
+            Some(q) => unsafe { post_recv_list(wr, bad, |r| q.inner.post_recv(r)) },
+            None => libc::EINVAL,
         }
     })
 }
@@ -616,21 +626,10 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> libc::c_int {
     guard(libc::EFAULT, || {
-        // SAFETY: per the API.
-        let Some(s) = (unsafe { srq_of(srq) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: per the API, a valid list and output.
-        unsafe {
-            post_list(
-                wr,
-                bad,
-                |w| w.next,
-                |w| {
-                    let req = recv_wr_of(w)?;
-                    s.inner.post_recv(req).map_err(|e| errno_of(&e))
-                },
-            )
+        // SAFETY: per the API: an SRQ of ours, a valid list and output.
+        match unsafe { srq_of(srq) } {
+            Some(s) => unsafe { post_recv_list(wr, bad, |r| s.inner.post_recv(r)) },
+            None => libc::EINVAL,
         }
     })
 }

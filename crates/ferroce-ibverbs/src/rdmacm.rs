@@ -67,36 +67,24 @@ fn verbs() -> Option<&'static Verbs> {
             };
             // SAFETY: each symbol is libibverbs' function of that name, whose C signature is
             // the one declared in the field.
+            // The symbol `$name`, as the function type `$ty`.
+            macro_rules! sym {
+                ($name:literal as $ty:ty) => {
+                    std::mem::transmute::<*mut c_void, $ty>(find($name)?)
+                };
+            }
             unsafe {
                 Some(Verbs {
-                    get_device_list: std::mem::transmute::<*mut c_void, GetDeviceListFn>(find(
-                        c"ibv_get_device_list",
-                    )?),
-                    free_device_list: std::mem::transmute::<*mut c_void, FreeDeviceListFn>(find(
-                        c"ibv_free_device_list",
-                    )?),
-                    get_device_name: std::mem::transmute::<*mut c_void, GetDeviceNameFn>(find(
-                        c"ibv_get_device_name",
-                    )?),
-                    open_device: std::mem::transmute::<*mut c_void, OpenDeviceFn>(find(
-                        c"ibv_open_device",
-                    )?),
-                    query_port: std::mem::transmute::<*mut c_void, QueryPortFn>(find(
-                        c"ibv_query_port",
-                    )?),
-                    alloc_pd: std::mem::transmute::<*mut c_void, AllocPdFn>(find(c"ibv_alloc_pd")?),
-                    dealloc_pd: std::mem::transmute::<*mut c_void, DeallocPdFn>(find(
-                        c"ibv_dealloc_pd",
-                    )?),
-                    create_qp: std::mem::transmute::<*mut c_void, CreateQpFn>(find(
-                        c"ibv_create_qp",
-                    )?),
-                    modify_qp: std::mem::transmute::<*mut c_void, ModifyQpFn>(find(
-                        c"ibv_modify_qp",
-                    )?),
-                    destroy_qp: std::mem::transmute::<*mut c_void, DestroyQpFn>(find(
-                        c"ibv_destroy_qp",
-                    )?),
+                    get_device_list: sym!(c"ibv_get_device_list" as GetDeviceListFn),
+                    free_device_list: sym!(c"ibv_free_device_list" as FreeDeviceListFn),
+                    get_device_name: sym!(c"ibv_get_device_name" as GetDeviceNameFn),
+                    open_device: sym!(c"ibv_open_device" as OpenDeviceFn),
+                    query_port: sym!(c"ibv_query_port" as QueryPortFn),
+                    alloc_pd: sym!(c"ibv_alloc_pd" as AllocPdFn),
+                    dealloc_pd: sym!(c"ibv_dealloc_pd" as DeallocPdFn),
+                    create_qp: sym!(c"ibv_create_qp" as CreateQpFn),
+                    modify_qp: sym!(c"ibv_modify_qp" as ModifyQpFn),
+                    destroy_qp: sym!(c"ibv_destroy_qp" as DestroyQpFn),
                 })
             }
         })
@@ -818,7 +806,7 @@ unsafe extern "C" fn rdma_create_qp(
                 | IBV_ACCESS_REMOTE_ATOMIC,
             ..Default::default()
         };
-        let mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+        let mask = crate::qp::INIT_NEEDS;
         // SAFETY: the QP just created.
         let rc = unsafe { (v.modify_qp)(qp, &mut init, mask as c_int) };
         if rc != 0 {
@@ -961,13 +949,7 @@ fn connect_qp(qp: *mut ibv_qp, local: &Local, peer: &Peer, mine: &Params) -> Res
         ah_attr: ah,
         ..Default::default()
     };
-    let mask = IBV_QP_STATE
-        | IBV_QP_AV
-        | IBV_QP_PATH_MTU
-        | IBV_QP_DEST_QPN
-        | IBV_QP_RQ_PSN
-        | IBV_QP_MAX_DEST_RD_ATOMIC
-        | IBV_QP_MIN_RNR_TIMER;
+    let mask = crate::qp::RTR_NEEDS;
     // SAFETY: the id's live QP.
     let rc = unsafe { (v.modify_qp)(qp, &mut rtr, mask as c_int) };
     if rc != 0 {
@@ -982,12 +964,7 @@ fn connect_qp(qp: *mut ibv_qp, local: &Local, peer: &Peer, mine: &Params) -> Res
         max_rd_atomic: mine.initiator_depth.min(peer.responder_resources).max(1),
         ..Default::default()
     };
-    let mask = IBV_QP_STATE
-        | IBV_QP_SQ_PSN
-        | IBV_QP_TIMEOUT
-        | IBV_QP_RETRY_CNT
-        | IBV_QP_RNR_RETRY
-        | IBV_QP_MAX_QP_RD_ATOMIC;
+    let mask = crate::qp::RTS_NEEDS;
     // SAFETY: the id's live QP.
     let rc = unsafe { (v.modify_qp)(qp, &mut rts, mask as c_int) };
     if rc != 0 {
@@ -1690,20 +1667,8 @@ unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
 /// The rest of librdmacm: the synchronous endpoint calls, SRQs on ids, multicast, migration,
 /// ECE and rsockets. They fail as unsupported.
 mod unsupported {
-    use crate::set_errno;
 
-    macro_rules! minus_one_enosys {
-        ($($name:ident),* $(,)?) => {$(
-            #[doc = concat!("`", stringify!($name), "`: not supported (-1, errno EOPNOTSUPP).")]
-            #[no_mangle]
-            extern "C" fn $name() -> libc::c_int {
-                set_errno(libc::EOPNOTSUPP);
-                -1
-            }
-        )*};
-    }
-
-    minus_one_enosys!(
+    returns_minus_one!(
         rdma_create_ep,
         rdma_create_srq,
         rdma_create_srq_ex,
@@ -1747,13 +1712,8 @@ mod unsupported {
         rwritev,
     );
 
-    /// `rdma_destroy_ep`: no endpoint is ever made (`rdma_create_ep` is unsupported).
-    #[no_mangle]
-    extern "C" fn rdma_destroy_ep() {}
-
-    /// `rdma_destroy_srq`: no SRQ is ever made on an id (`rdma_create_srq` is unsupported).
-    #[no_mangle]
-    extern "C" fn rdma_destroy_srq() {}
+    // No endpoint or SRQ is ever made on an id (their creation is unsupported).
+    does_nothing!(rdma_destroy_ep, rdma_destroy_srq);
 }
 
 #[cfg(test)]

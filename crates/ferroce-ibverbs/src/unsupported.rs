@@ -12,56 +12,6 @@
 
 use std::ffi::c_char;
 
-use crate::set_errno;
-
-/// Calls returning an `int` errno (also left in `errno`, where some callers look).
-macro_rules! returns_errno {
-    ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: not supported (EOPNOTSUPP).")]
-        #[no_mangle]
-        extern "C" fn $name() -> libc::c_int {
-            set_errno(libc::EOPNOTSUPP);
-            libc::EOPNOTSUPP
-        }
-    )*};
-}
-
-/// Calls returning a pointer: NULL with `errno` EOPNOTSUPP.
-macro_rules! returns_null {
-    ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: not supported (NULL, errno EOPNOTSUPP).")]
-        #[no_mangle]
-        extern "C" fn $name() -> *mut libc::c_void {
-            set_errno(libc::EOPNOTSUPP);
-            std::ptr::null_mut()
-        }
-    )*};
-}
-
-/// Calls returning -1 with `errno` EOPNOTSUPP.
-macro_rules! returns_minus_one {
-    ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: not supported (-1, errno EOPNOTSUPP).")]
-        #[no_mangle]
-        extern "C" fn $name() -> libc::c_int {
-            set_errno(libc::EOPNOTSUPP);
-            -1
-        }
-    )*};
-}
-
-/// Calls with nothing to return whose work never arises here: provider registration (no
-/// foreign provider may claim a ferroce device), logging of a provider that never runs,
-/// releasing imports that never succeeded, and the conversions of kernel structures, which only
-/// a program holding data from the kernel's uverbs device could call.
-macro_rules! does_nothing {
-    ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: nothing to do here (see the macro).")]
-        #[no_mangle]
-        extern "C" fn $name() {}
-    )*};
-}
-
 returns_errno!(
     ibv_attach_mcast,
     ibv_detach_mcast,

@@ -430,6 +430,20 @@ fn ibv_rc_pingpong_between_two_processes_on_one_host() {
     }
 }
 
+/// Runs perftest's `run` (program and options) as server and client on `ferroce_lo` with TCP
+/// port `port`; returns the client's output after checking both succeeded.
+fn perftest_pair(run: &[&str], port: u16) -> String {
+    let mk = || {
+        let mut c = over_ferroce(run[0]);
+        c.args(["-d", "ferroce_lo", "-x", "0", "-p", &port.to_string()])
+            .args(&run[1..]);
+        c
+    };
+    let mut client = mk();
+    client.arg("127.0.0.1");
+    pair(mk(), client, port).1
+}
+
 /// perftest's tests between two processes; every run must finish and print its table row.
 #[test]
 fn perftest_between_two_processes_on_one_host() {
@@ -448,16 +462,7 @@ fn perftest_between_two_processes_on_one_host() {
         &["ib_send_lat", "-a", "-n", "50"],
     ];
     for (i, run) in runs.iter().enumerate() {
-        let port = 18700 + i as u16;
-        let mk = || {
-            let mut c = over_ferroce(run[0]);
-            c.args(["-d", "ferroce_lo", "-x", "0", "-p", &port.to_string()])
-                .args(&run[1..]);
-            c
-        };
-        let mut client = mk();
-        client.arg("127.0.0.1");
-        let (_, ct) = pair(mk(), client, port);
+        let ct = perftest_pair(run, 18700 + i as u16);
         let rows = ct
             .lines()
             .filter(|l| {
@@ -671,16 +676,7 @@ fn rdma_cm_programs_connect_through_ferroce_librdmacm() {
         &["ib_atomic_bw", "-R", "-n", "300"],
     ];
     for (i, run) in runs.iter().enumerate() {
-        let port = 18900 + i as u16;
-        let mk = || {
-            let mut c = over_ferroce(run[0]);
-            c.args(["-d", "ferroce_lo", "-x", "0", "-p", &port.to_string()])
-                .args(&run[1..]);
-            c
-        };
-        let mut client = mk();
-        client.arg("127.0.0.1");
-        let (_, ct) = pair(mk(), client, port);
+        let ct = perftest_pair(run, 18900 + i as u16);
         assert!(
             ct.contains("rdma_cm QPs\t : ON"),
             "{run:?} did not use rdma_cm:\n{ct}"
