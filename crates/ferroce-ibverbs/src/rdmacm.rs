@@ -41,6 +41,16 @@ type DeallocPdFn = unsafe extern "C" fn(*mut ibv_pd) -> c_int;
 type CreateQpFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 type ModifyQpFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 type DestroyQpFn = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type CreateCompChannelFn = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
+type DestroyCompChannelFn = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
+type CreateCqFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    c_int,
+    *mut c_void,
+    *mut ibv_comp_channel,
+    c_int,
+) -> *mut ibv_cq;
+type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
 
 /// The libibverbs calls this library makes, resolved in the process's global scope.
 struct Verbs {
@@ -54,6 +64,10 @@ struct Verbs {
     create_qp: CreateQpFn,
     modify_qp: ModifyQpFn,
     destroy_qp: DestroyQpFn,
+    create_comp_channel: CreateCompChannelFn,
+    destroy_comp_channel: DestroyCompChannelFn,
+    create_cq: CreateCqFn,
+    destroy_cq: DestroyCqFn,
 }
 
 fn verbs() -> Option<&'static Verbs> {
@@ -85,6 +99,10 @@ fn verbs() -> Option<&'static Verbs> {
                     create_qp: sym!(c"ibv_create_qp" as CreateQpFn),
                     modify_qp: sym!(c"ibv_modify_qp" as ModifyQpFn),
                     destroy_qp: sym!(c"ibv_destroy_qp" as DestroyQpFn),
+                    create_comp_channel: sym!(c"ibv_create_comp_channel" as CreateCompChannelFn),
+                    destroy_comp_channel: sym!(c"ibv_destroy_comp_channel" as DestroyCompChannelFn),
+                    create_cq: sym!(c"ibv_create_cq" as CreateCqFn),
+                    destroy_cq: sym!(c"ibv_destroy_cq" as DestroyCqFn),
                 })
             }
         })
@@ -466,6 +484,16 @@ struct CmId {
     /// The local ACK timeout (`RDMA_OPTION_ID_ACK_TIMEOUT`), else 14 (67 ms), as ferroce's own.
     ack_timeout: u8,
     owns_pd: bool,
+    /// CQs and channels `rdma_create_qp` made because the program passed none (librdmacm
+    /// does the same); destroyed with the QP.
+    owns_cqs: bool,
+    /// A synchronous id (made with a NULL channel): each call waits for its own event, on a
+    /// channel of the id's own (`owns_channel`).
+    sync: bool,
+    owns_channel: bool,
+    /// For a passive endpoint (`rdma_create_ep`): the PD and QP attributes each request's QP
+    /// is made with in `rdma_get_request`.
+    ep_qp: Option<(usize, ibv_qp_init_attr)>,
     path: Box<ibv_sa_path_rec>,
 }
 
@@ -516,8 +544,62 @@ fn new_id(
         my_psn: random_psn(),
         ack_timeout: 14,
         owns_pd: false,
+        owns_cqs: false,
+        sync: false,
+        owns_channel: false,
+        ep_qp: None,
         path: Box::default(),
     }))
+}
+
+/// A new id with a channel of its own, for librdmacm's synchronous mode.
+fn new_sync_id(context: *mut c_void, ps: rdma_port_space) -> Option<*mut CmId> {
+    let channel = rdma_create_event_channel();
+    // SAFETY: just made.
+    let queue = unsafe { channel_of(channel) }?.queue.clone();
+    let id = new_id(channel, queue, context, ps);
+    // SAFETY: just made, not yet handed out.
+    let i = unsafe { &mut *id };
+    i.sync = true;
+    i.owns_channel = true;
+    Some(id)
+}
+
+/// In synchronous mode, waits for the id's next event: 0 if it is `want`, else -1 with the
+/// errno that event stands for. An asynchronous id returns 0 at once (its event is the
+/// program's to read).
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn wait_sync(id: *mut rdma_cm_id, want: rdma_cm_event_type) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(i) = (unsafe { id_of(id) }) else {
+        return 0;
+    };
+    if !i.sync {
+        return 0;
+    }
+    let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+    // SAFETY: the id's own channel.
+    if unsafe { rdma_get_cm_event(i.c.channel, &mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: an event just handed out, acknowledged once here.
+    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
+    // SAFETY: as above.
+    unsafe { rdma_ack_cm_event(ev) };
+    i.c.event = std::ptr::null_mut();
+    if kind == want && status == 0 {
+        return 0;
+    }
+    set_errno(match kind {
+        RDMA_CM_EVENT_REJECTED => libc::ECONNREFUSED,
+        RDMA_CM_EVENT_UNREACHABLE => libc::ENETUNREACH,
+        RDMA_CM_EVENT_ADDR_ERROR | RDMA_CM_EVENT_ROUTE_ERROR => libc::EADDRNOTAVAIL,
+        _ if status < 0 => -status,
+        _ => libc::ECONNRESET,
+    });
+    -1
 }
 
 /// Fills the id's route for a connection from `src` to `dst` on `dev`.
@@ -610,11 +692,18 @@ unsafe extern "C" fn rdma_create_id(
             set_errno(libc::EINVAL);
             return -1;
         }
-        // A NULL channel asks for librdmacm's synchronous mode; only event channels are
-        // supported.
-        if channel.is_null() || ps != RDMA_PS_TCP {
+        if ps != RDMA_PS_TCP {
             set_errno(libc::EOPNOTSUPP);
             return -1;
+        }
+        // A NULL channel asks for librdmacm's synchronous mode.
+        if channel.is_null() {
+            let Some(made) = new_sync_id(context, ps) else {
+                return -1;
+            };
+            // SAFETY: checked non-null; the caller's output.
+            unsafe { *id = made.cast() };
+            return 0;
         }
         // SAFETY: per the API, a channel of ours.
         let Some(ch) = (unsafe { channel_of(channel) }) else {
@@ -673,6 +762,15 @@ unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             // thread holds a clone of the socket; its accept then fails and it ends).
             // SAFETY: shutdown on a descriptor this id owns.
             unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        if b.sync && !b.c.event.is_null() {
+            // The request event `rdma_get_request` kept for the program.
+            // SAFETY: an event of ours, not acknowledged yet.
+            unsafe { rdma_ack_cm_event(b.c.event) };
+        }
+        if b.owns_channel {
+            // SAFETY: the id's own channel, which nothing else uses.
+            unsafe { rdma_destroy_event_channel(b.c.channel) };
         }
         0
     })
@@ -739,7 +837,8 @@ unsafe extern "C" fn rdma_resolve_addr(
         };
         set_route(i, dev.1, SocketAddr::new(dev.0, 0), Some(d));
         i.shared.post(event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
-        0
+        // SAFETY: our live id.
+        unsafe { wait_sync(id, RDMA_CM_EVENT_ADDR_RESOLVED) }
     })
 }
 
@@ -759,7 +858,8 @@ unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int)
         i.c.route.path_rec = &mut *i.path;
         i.c.route.num_paths = 1;
         i.shared.post(event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
-        0
+        // SAFETY: our live id.
+        unsafe { wait_sync(id, RDMA_CM_EVENT_ROUTE_RESOLVED) }
     })
 }
 
@@ -792,9 +892,44 @@ unsafe extern "C" fn rdma_create_qp(
             }
             i.owns_pd = true;
         }
+        // The id's port space names the QP type (RC for RDMA_PS_TCP), as in librdmacm.
+        a.qp_type = i.c.qp_type;
+        if a.send_cq.is_null() || a.recv_cq.is_null() {
+            // As librdmacm: a channel and a CQ for each the program left out, sized by the caps.
+            i.owns_cqs = true;
+            for send in [true, false] {
+                let (slot, depth) = if send {
+                    (&mut a.send_cq, a.cap.max_send_wr)
+                } else {
+                    (&mut a.recv_cq, a.cap.max_recv_wr)
+                };
+                if !slot.is_null() {
+                    continue;
+                }
+                // SAFETY: the id's live context.
+                let ch = unsafe { (v.create_comp_channel)(i.c.verbs) };
+                let cq = if ch.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    // SAFETY: the id's live context and the channel just made.
+                    unsafe { (v.create_cq)(i.c.verbs, depth.max(1) as c_int, id.cast(), ch, 0) }
+                };
+                if send {
+                    (i.c.send_cq_channel, i.c.send_cq) = (ch, cq);
+                } else {
+                    (i.c.recv_cq_channel, i.c.recv_cq) = (ch, cq);
+                }
+                if cq.is_null() {
+                    release_cqs(i, v);
+                    return -1;
+                }
+                *slot = cq;
+            }
+        }
         // SAFETY: libibverbs' call with the program's attributes.
         let qp = unsafe { (v.create_qp)(pd, a) };
         if qp.is_null() {
+            release_cqs(i, v);
             return -1;
         }
         let mut init = ibv_qp_attr {
@@ -823,6 +958,31 @@ unsafe extern "C" fn rdma_create_qp(
         i.c.srq = a.srq;
         0
     })
+}
+
+/// Destroys the CQs and channels `rdma_create_qp` made for the id, if it made them.
+fn release_cqs(i: &mut CmId, v: &Verbs) {
+    if !i.owns_cqs {
+        return;
+    }
+    i.owns_cqs = false;
+    let cqs = [
+        (&mut i.c.send_cq, &mut i.c.send_cq_channel),
+        (&mut i.c.recv_cq, &mut i.c.recv_cq_channel),
+    ];
+    for (cq, ch) in cqs {
+        // SAFETY: objects this library made for the id, destroyed once (then cleared).
+        unsafe {
+            if !cq.is_null() {
+                (v.destroy_cq)(*cq);
+            }
+            if !ch.is_null() {
+                (v.destroy_comp_channel)(*ch);
+            }
+        }
+        *cq = std::ptr::null_mut();
+        *ch = std::ptr::null_mut();
+    }
 }
 
 /// `rdma_create_qp_ex`: the basic attributes of an extended request (a PD is required there).
@@ -876,6 +1036,7 @@ unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             *held = 0;
             i.c.qp = std::ptr::null_mut();
         }
+        release_cqs(i, v);
         if i.owns_pd && !i.c.pd.is_null() {
             // SAFETY: the PD this library allocated for the id.
             unsafe { (v.dealloc_pd)(i.c.pd) };
@@ -1167,7 +1328,8 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
                 _ => fail(RDMA_CM_EVENT_UNREACHABLE, -libc::EPROTO),
             }
         });
-        0
+        // SAFETY: our live id.
+        unsafe { wait_sync(id, RDMA_CM_EVENT_ESTABLISHED) }
     })
 }
 
@@ -1185,11 +1347,12 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
             return -1;
         };
         let shared = i.shared.clone();
-        let (listen_id, channel, context, ps) = (
+        let (listen_id, channel, context, ps, sync) = (
             id as usize,
             i.c.channel as usize,
             i.c.context as usize,
             i.c.ps,
+            i.sync,
         );
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -1219,12 +1382,21 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
                     );
                     continue;
                 };
-                let child = new_id(
-                    channel as *mut rdma_event_channel,
-                    shared.queue.clone(),
-                    context as *mut c_void,
-                    ps,
-                );
+                // A synchronous listener's requests become synchronous ids, each with a channel
+                // of its own; the request itself is reported on the listener's.
+                let child = if sync {
+                    match new_sync_id(context as *mut c_void, ps) {
+                        Some(c) => c,
+                        None => continue,
+                    }
+                } else {
+                    new_id(
+                        channel as *mut rdma_event_channel,
+                        shared.queue.clone(),
+                        context as *mut c_void,
+                        ps,
+                    )
+                };
                 // SAFETY: just made, not yet handed out.
                 let c = unsafe { &mut *child };
                 set_route(c, dev, local, Some(remote));
@@ -1254,6 +1426,16 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
     })
 }
 
+/// Acknowledges the request event `rdma_get_request` kept on a synchronous id for the program
+/// to read (its private data), once the program answers the request.
+fn release_request_event(i: &mut CmId) {
+    if i.sync && !i.c.event.is_null() {
+        // SAFETY: an event of ours, not acknowledged yet, acknowledged once (then cleared).
+        unsafe { rdma_ack_cm_event(i.c.event) };
+        i.c.event = std::ptr::null_mut();
+    }
+}
+
 /// `rdma_accept`: brings the QP to RTS toward the requester and sends the REP;
 /// `ESTABLISHED` when the RTU arrives.
 #[no_mangle]
@@ -1264,6 +1446,7 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
             set_errno(libc::EINVAL);
             return -1;
         };
+        release_request_event(i);
         let Some(peer) = i.request.clone() else {
             set_errno(libc::EINVAL);
             return -1;
@@ -1316,7 +1499,8 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
                 watch_disconnect(s, shared, id_addr);
             }
         });
-        0
+        // SAFETY: our live id.
+        unsafe { wait_sync(id, RDMA_CM_EVENT_ESTABLISHED) }
     })
 }
 
@@ -1329,6 +1513,7 @@ unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private: *const c_void, le
             set_errno(libc::EINVAL);
             return -1;
         };
+        release_request_event(i);
         let p = rdma_conn_param {
             private_data: private,
             private_data_len: len,
@@ -1377,6 +1562,138 @@ unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         let _ = s.shutdown(Shutdown::Both);
         0
     })
+}
+
+/// `rdma_get_request`: on a synchronous listener, the next connection request, as a new
+/// synchronous id (with a QP if the listener is an endpoint made with QP attributes). The
+/// request event stays with the id (`id->event`) until it is accepted or rejected.
+#[no_mangle]
+unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(l) = (unsafe { id_of(listen) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if !l.sync || out.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let ep_qp = l.ep_qp;
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the listener's own channel.
+        if unsafe { rdma_get_cm_event(l.c.channel, &mut ev) } != 0 {
+            return -1;
+        }
+        // SAFETY: an event just handed out.
+        let (kind, child) = unsafe { ((*ev).event, (*ev).id) };
+        if kind != RDMA_CM_EVENT_CONNECT_REQUEST {
+            // SAFETY: acknowledged once.
+            unsafe { rdma_ack_cm_event(ev) };
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: the request's new id, alive and not yet the program's.
+        if let Some(c) = unsafe { id_of(child) } {
+            c.c.event = ev;
+        }
+        if let Some((pd, mut attr)) = ep_qp {
+            // SAFETY: our new id, the listener's PD and a copy of its attributes.
+            if unsafe { rdma_create_qp(child, pd as *mut ibv_pd, &mut attr) } != 0 {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                // SAFETY: the new id, never handed out.
+                unsafe { rdma_destroy_id(child) };
+                set_errno(e);
+                return -1;
+            }
+        }
+        // SAFETY: checked non-null; the caller's output.
+        unsafe { *out = child };
+        0
+    })
+}
+
+/// `rdma_create_ep`: a synchronous id for `res`: bound (passive) or resolved to its
+/// destination (active), with a QP made from `qp_attr` if given (for a passive endpoint, each
+/// request's id gets one in `rdma_get_request`).
+#[no_mangle]
+unsafe extern "C" fn rdma_create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API.
+        let Some(r) = (unsafe { res.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if out.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let ps = if r.ai_port_space != 0 {
+            r.ai_port_space as rdma_port_space
+        } else {
+            RDMA_PS_TCP
+        };
+        let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: a NULL channel makes a synchronous id; the output is a local.
+        if unsafe { rdma_create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), ps) } != 0 {
+            return -1;
+        }
+        let fail = |id: *mut rdma_cm_id| {
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            // SAFETY: the id made above, never handed out.
+            unsafe { rdma_destroy_id(id) };
+            set_errno(e);
+            -1
+        };
+        // SAFETY: our id and the program's addresses.
+        let rc = unsafe {
+            if r.ai_flags & RAI_PASSIVE != 0 {
+                rdma_bind_addr(id, r.ai_src_addr)
+            } else {
+                match rdma_resolve_addr(id, r.ai_src_addr, r.ai_dst_addr, 2000) {
+                    0 => rdma_resolve_route(id, 2000),
+                    e => e,
+                }
+            }
+        };
+        if rc != 0 {
+            return fail(id);
+        }
+        // SAFETY: per the API, NULL or the program's attributes.
+        if let Some(a) = unsafe { qp_attr.as_mut() } {
+            if r.ai_flags & RAI_PASSIVE != 0 {
+                // SAFETY: our id.
+                if let Some(i) = unsafe { id_of(id) } {
+                    i.ep_qp = Some((pd as usize, *a));
+                }
+            // SAFETY: our resolved id and the program's attributes.
+            } else if unsafe { rdma_create_qp(id, pd, a) } != 0 {
+                return fail(id);
+            }
+        }
+        // SAFETY: checked non-null; the caller's output.
+        unsafe { *out = id };
+        0
+    })
+}
+
+/// `rdma_destroy_ep`: the endpoint's QP (and the CQs made for it), then the id.
+#[no_mangle]
+unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: per the API, an endpoint of ours, destroyed once.
+    unsafe {
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+    }
 }
 
 /// `rdma_get_cm_event`: the next event; blocks unless the channel's fd is non-blocking.
@@ -1669,10 +1986,8 @@ unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
 mod unsupported {
 
     returns_minus_one!(
-        rdma_create_ep,
         rdma_create_srq,
         rdma_create_srq_ex,
-        rdma_get_request,
         rdma_join_multicast,
         rdma_join_multicast_ex,
         rdma_leave_multicast,
@@ -1712,8 +2027,8 @@ mod unsupported {
         rwritev,
     );
 
-    // No endpoint or SRQ is ever made on an id (their creation is unsupported).
-    does_nothing!(rdma_destroy_ep, rdma_destroy_srq);
+    // No SRQ is ever made on an id (its creation is unsupported).
+    does_nothing!(rdma_destroy_srq);
 }
 
 #[cfg(test)]

@@ -664,7 +664,8 @@ fn ibv_rc_pingpong_and_perftest_between_two_namespace_hosts() {
     }
 }
 
-/// librdmacm: perftest's `-R` (connection by rdma_cm) and rdmacm-utils' `rping` (which
+/// librdmacm: perftest's `-R` (connection by rdma_cm), rdmacm-utils' synchronous and
+/// asynchronous examples, and `rping` (which
 /// advertises buffers over SEND and moves them with RDMA READ and WRITE, `-V` checking every
 /// byte) between two processes.
 #[test]
@@ -681,6 +682,29 @@ fn rdma_cm_programs_connect_through_ferroce_librdmacm() {
             ct.contains("rdma_cm QPs\t : ON"),
             "{run:?} did not use rdma_cm:\n{ct}"
         );
+    }
+    // rdmacm-utils' rdma_server/rdma_client (librdmacm's synchronous calls: rdma_create_ep,
+    // rdma_get_request, and the CQs and channels it makes) and ucmatose (asynchronous, with
+    // its own QPs and private data).
+    for (i, (server, client)) in [
+        (vec!["rdma_server"], vec!["rdma_client", "-s", "127.0.0.1"]),
+        (vec!["ucmatose"], vec!["ucmatose", "-s", "127.0.0.1"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (18940 + i as u16).to_string();
+        let mut s = over_ferroce(server[0]);
+        s.args(&server[1..]).args(["-p", &port]);
+        let mut c = over_ferroce(client[0]);
+        c.args(&client[1..]).args(["-p", &port]);
+        let (st, ct) = pair(s, c, 18940 + i as u16);
+        for out in [&st, &ct] {
+            assert!(
+                out.contains("end 0") || out.contains("return status 0"),
+                "{server:?}:\n{out}"
+            );
+        }
     }
     for (i, size) in [64usize, 4096, 60000].into_iter().enumerate() {
         let port = 18950 + i as u16;
