@@ -61,7 +61,13 @@ fn caps_of(cap: &ibv_qp_cap) -> Result<QpCaps, i32> {
         max_recv_wr: cap.max_recv_wr.max(1),
         max_send_sge: cap.max_send_sge.max(1),
         max_recv_sge: cap.max_recv_sge.max(1),
-        max_inline_data: cap.max_inline_data,
+        // As rxe: a send request's room holds its SGEs (16 bytes each) or its inline data, so
+        // the inline capacity is at least the SGE list's size (written back to the program,
+        // which rdma-core allows; rdma_xclient sends 16 inline bytes on a QP that asked for 0).
+        max_inline_data: cap
+            .max_inline_data
+            .max(cap.max_send_sge.max(1) * 16)
+            .min(limits::MAX_INLINE),
     })
 }
 

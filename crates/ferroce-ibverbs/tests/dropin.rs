@@ -689,16 +689,20 @@ fn rdma_cm_programs_connect_through_ferroce_librdmacm() {
     for (i, (server, client)) in [
         (vec!["rdma_server"], vec!["rdma_client", "-s", "127.0.0.1"]),
         (vec!["ucmatose"], vec!["ucmatose", "-s", "127.0.0.1"]),
+        (
+            vec!["rdma_xserver"],
+            vec!["rdma_xclient", "-s", "127.0.0.1"],
+        ),
     ]
     .into_iter()
     .enumerate()
     {
-        let port = (18940 + i as u16).to_string();
+        let port = (18930 + i as u16).to_string();
         let mut s = over_ferroce(server[0]);
         s.args(&server[1..]).args(["-p", &port]);
         let mut c = over_ferroce(client[0]);
         c.args(&client[1..]).args(["-p", &port]);
-        let (st, ct) = pair(s, c, 18940 + i as u16);
+        let (st, ct) = pair(s, c, 18930 + i as u16);
         for out in [&st, &ct] {
             assert!(
                 out.contains("end 0") || out.contains("return status 0"),
