@@ -437,6 +437,133 @@ fn sixty_four_qps_at_once(p: Provider) {
     assert_eq!(a.ctx.queue_pair_count(), 64);
 }
 
+/// Contexts opened with `host_slot` take ports 4791, 4792, … and number their QPs by the slot,
+/// so `modify_to_rtr` (no port given) finds a same-host peer from its QPN alone: what the
+/// drop-in libibverbs relies on, since C programs exchange only a GID and a QPN.
+fn host_slots_name_ports_and_qpns(p: Provider) {
+    let open = || {
+        let ctx = device_by_name("lo")
+            .unwrap()
+            .open(&ContextOptions {
+                capture: None,
+                provider: p,
+                host_slot: true,
+                ..ContextOptions::default()
+            })
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        Side { ctx, pd, cq }
+    };
+    let (a, b) = (open(), open());
+    let (pa, pb) = (a.ctx.local_addr().port(), b.ctx.local_addr().port());
+    assert_ne!(pa, pb);
+    let (qa, qb) = (qp(&a, None), qp(&b, None));
+    for (q, port) in [(&qa, pa), (&qb, pb)] {
+        assert!((4791..4791 + 4096).contains(&port), "port {port}");
+        assert_eq!(
+            ferroce::host_slot::port_of_qpn(q.qpn()),
+            port,
+            "QPN {:#x}",
+            q.qpn()
+        );
+    }
+    for (q, peer, pctx) in [(&qa, &qb, &b.ctx), (&qb, &qa, &a.ctx)] {
+        q.modify_to_init(&InitAttr::default()).unwrap();
+        q.modify_to_rtr(&RtrAttr {
+            path_mtu: ferroce::PathMtu::Mtu4096,
+            dest_qpn: peer.qpn(),
+            dest_gid: pctx.gid(),
+            rq_psn: ferroce::Psn::new(7),
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 1,
+        })
+        .unwrap();
+        q.modify_to_rts(&RtsAttr {
+            sq_psn: ferroce::Psn::new(7),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+        })
+        .unwrap();
+    }
+    let (src, dst) = (mr(&a, 4096), mr(&b, 8192));
+    src.write(0, &pattern(9, 4096)).unwrap();
+    qb.post_recv(RecvWr {
+        wr_id: 1,
+        sgl: vec![dst.sge(4096, 4096).unwrap()],
+    })
+    .unwrap();
+    qa.post_send(SendWr::new(2, SendOp::Send, sgl(&src, 4096)))
+        .unwrap();
+    qa.post_send(SendWr::new(3, SendOp::Write, sgl(&src, 4096)).remote(dst.addr(), dst.rkey()))
+        .unwrap();
+    let got: Vec<(u64, WcStatus)> =
+        a.cq.wait(2, T)
+            .unwrap()
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect();
+    assert_eq!(got, vec![(2, WcStatus::Success), (3, WcStatus::Success)]);
+    let recv = b.cq.wait(1, T).unwrap();
+    assert_eq!(
+        (recv[0].wr_id, recv[0].status, recv[0].byte_len),
+        (1, WcStatus::Success, 4096)
+    );
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(9, 4096));
+    assert_eq!(dst.to_vec(4096, 4096).unwrap(), pattern(9, 4096));
+}
+
+/// One completion channel, two armed CQs: each firing is one event naming its CQ, read once,
+/// in order, as from a kernel completion channel (`ibv_get_cq_event` returns which CQ).
+fn one_channel_reports_each_armed_cq_once(p: Provider) {
+    let (a, b) = (side(p), side(p));
+    let ch = b.ctx.create_comp_channel().unwrap();
+    let cqs = [
+        b.ctx.create_cq(16, Some(&ch)).unwrap(),
+        b.ctx.create_cq(16, Some(&ch)).unwrap(),
+    ];
+    assert_ne!(cqs[0].event_id(), cqs[1].event_id());
+    let buf = mr(&b, 128);
+    let src = mr(&a, 8);
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for (i, cq) in cqs.iter().enumerate() {
+        let qa = qp(&a, None);
+        let qb =
+            b.pd.create_qp(&QpInitAttr::new(cq, QpCaps::default()))
+                .unwrap();
+        connect(&qa, &a.ctx, &qb, &b.ctx);
+        qb.post_recv(RecvWr {
+            wr_id: i as u64,
+            sgl: vec![buf.sge(64 * i, 64).unwrap()],
+        })
+        .unwrap();
+        cq.req_notify(false).unwrap();
+        senders.push(qa);
+        receivers.push(qb);
+    }
+    assert_eq!(
+        ch.try_next_event().unwrap(),
+        None,
+        "no event before a completion"
+    );
+    for (i, qa) in senders.iter().enumerate() {
+        qa.post_send(SendWr::new(
+            10 + i as u64,
+            SendOp::Send,
+            vec![src.sge(0, 8).unwrap()],
+        ))
+        .unwrap();
+        let fired = ch.next_event(Some(T)).unwrap();
+        assert_eq!(fired, Some(cqs[i].event_id()), "event {i} names CQ {i}");
+        assert_eq!(cqs[i].wait(1, T).unwrap()[0].wr_id, i as u64);
+    }
+    // Each CQ fired once per arming: nothing more is waiting.
+    assert_eq!(ch.try_next_event().unwrap(), None);
+}
+
 /// Each test once per provider.
 /// One `#[test]` per provider for each scenario: `udp::name` and `shm::name`.
 macro_rules! on_both_providers {
@@ -468,4 +595,6 @@ on_both_providers!(
     shared_receive_queue_feeds_several_qps,
     completion_channel_wakes_a_blocked_thread,
     sixty_four_qps_at_once,
+    host_slots_name_ports_and_qpns,
+    one_channel_reports_each_armed_cq_once,
 );
