@@ -140,8 +140,10 @@ gfinish() {
 guest_server() {
   local tag=$1 tool=$2; shift 2
   gstart "$tag" "$tool"
-  # Unmodified tools on the host connect once and give up: wait for the guest's listener.
-  gexec 0 "i=0; while ! ss -ltn | grep -q ':18515 '; do i=\$((i+1)); [ \$i -gt 150 ] && break; sleep 0.1; done" 30 >/dev/null
+  # Unmodified tools on the host connect once and give up: the drop-in checks wait for the
+  # guest's listener first (ferroce's own tools retry on their own).
+  [ -n "${WAIT_GUEST_LISTEN:-}" ] &&
+    gexec 0 "i=0; while ! ss -ltn | grep -q ':18515 '; do i=\$((i+1)); [ \$i -gt 60 ] && break; sleep 0.25; done" 30 >/dev/null
   timeout 150 "$@" > "$OUT/$tag.out" 2>&1; local rc=$?
   # A ferroce that failed leaves the tool waiting for it: give the tool a moment, not minutes.
   local rs; if [ $rc -eq 0 ]; then rs=$(gfinish "$tag" 150); else rs=$(gfinish "$tag" 3); fi
@@ -241,6 +243,7 @@ counters_rxe > "$OUT/rxe_clean.txt"
 DROPIN="env LD_LIBRARY_PATH=$ROOT/target/ibverbs FERROCE_PCAP="
 DEV=ferroce_$BR
 dropin_pp_client() {
+  local WAIT_GUEST_LISTEN=1
   local size=$1 iters=$2 extra=${3:-} tag=dpp_c_$1${3:-}
   guest_server "$tag" "ibv_rc_pingpong -g 1 -s $size -n $iters -c $extra" \
     $DROPIN ibv_rc_pingpong -d $DEV -g 0 -s "$size" -n "$iters" -c $extra $G &&
@@ -255,6 +258,7 @@ dropin_pp_server() {
     grep -q "^$((size * iters * 2)) bytes in" "$OUT/$tag.rxe"
 }
 dropin_pt_client() {
+  local WAIT_GUEST_LISTEN=1
   local t=$1 opts=$2 tag=dpt_c_$1
   guest_server "$tag" "ib_$t -x 1 -F $opts" $DROPIN ib_$t -d $DEV -x 0 -F $opts $G &&
     result_line "$3" "$OUT/$tag.out"
