@@ -1160,24 +1160,31 @@ unsafe fn private_of(p: &rdma_conn_param) -> Vec<u8> {
     .to_vec()
 }
 
-fn connect_message(i: &CmId, p: &rdma_conn_param, reply: bool, private: Vec<u8>) -> Message {
-    let dev = i.device.expect("a connecting id has a device");
+/// The REQ (or, `reply`, the REP) this side sends: its QP, PSN, GID and path MTU, `p`'s depths
+/// and retry counts, and the program's private data.
+fn connect_message(
+    i: &CmId,
+    local: &Local,
+    p: &rdma_conn_param,
+    reply: bool,
+    private: Vec<u8>,
+) -> Message {
     let qpn = if i.c.qp.is_null() {
         p.qp_num
     } else {
         // SAFETY: the id's live QP.
         unsafe { (*i.c.qp).qp_num }
     };
-    // SAFETY: the route's source is a socket address set at resolve or bind time.
+    // The route's source was set when the address was resolved or bound.
     let src_ip = src_addr(i)
         .map(|a| a.ip())
         .unwrap_or(Ipv4Addr::UNSPECIFIED.into());
     Message::Connect {
         reply,
         qpn,
-        psn: i.my_psn,
+        psn: local.psn,
         gid: gid_of(src_ip),
-        mtu: dev.mtu as u8,
+        mtu: local.device.mtu as u8,
         responder_resources: p.responder_resources,
         initiator_depth: p.initiator_depth,
         retry_count: p.retry_count,
@@ -1260,12 +1267,13 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
             set_errno(libc::EINVAL);
             return -1;
         }
-        let req = connect_message(i, &p, false, private);
-        let p = Params::from(&p);
+        // An id whose address was not resolved has no device to connect from.
         let Some(local) = i.local() else {
             set_errno(libc::EINVAL);
             return -1;
         };
+        let req = connect_message(i, &local, &p, false, private);
+        let p = Params::from(&p);
         let shared = i.shared.clone();
         let id_addr = id as usize;
         std::thread::spawn(move || {
@@ -1470,7 +1478,7 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
             return -1;
         }
         // SAFETY: the program's private data.
-        let rep = connect_message(i, &p, true, unsafe { private_of(&p) });
+        let rep = connect_message(i, &local, &p, true, unsafe { private_of(&p) });
         let stream = i
             .shared
             .stream
