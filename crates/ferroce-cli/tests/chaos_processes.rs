@@ -7,14 +7,20 @@
 //! WRITE stream.
 
 use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::free_port;
-
 fn ferroce() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferroce"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Waits for `child` at most `limit`, killing it past that.

@@ -4,12 +4,18 @@
 //! application thread only waits on TCP, and a capture that tshark and `ferroce decode` read
 //! cleanly.
 
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::free_port;
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 fn ferroce() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferroce"))
