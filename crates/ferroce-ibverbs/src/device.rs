@@ -226,6 +226,7 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             hand_over_to_polling_app: false,
             // As on a fabric: an idle QP does not learn that its peer went away.
             fail_idle_qps_when_peer_goes: false,
+            adopt_registered_pages: true,
             ..ferroce::ContextOptions::default()
         };
         let ctx = match d.inner.open(&opts) {

@@ -53,6 +53,10 @@ const TOTAL_ENV: &str = "FERROCE_SHM_TOTAL";
 /// Set for a target child that stops itself (SIGSTOP) right after its QP reached RTS, instead
 /// of a second `cm` sync.
 const STOP_AFTER_RTR_ENV: &str = "FERROCE_SHM_STOP_AFTER_RTR";
+/// Set for a target child whose region is its own heap memory registered on a context that
+/// adopts registered pages (`ContextOptions::adopt_registered_pages`), as the drop-in
+/// libibverbs does, instead of a region ferroce allocates.
+const RAW_ENV: &str = "FERROCE_SHM_RAW";
 /// How an initiator child reports its figures on stdout.
 const RESULT_TAG: &str = "FERROCE_SHM_RESULT";
 
@@ -71,11 +75,16 @@ struct Side {
 
 /// A context on loopback (its own UDP port) with one protection domain and one CQ.
 fn side(provider: Provider) -> Side {
+    side_adopting(provider, false)
+}
+
+fn side_adopting(provider: Provider, adopt_registered_pages: bool) -> Side {
     let ctx = device_by_name("lo")
         .unwrap()
         .open(&ContextOptions {
             capture: None,
             provider,
+            adopt_registered_pages,
             ..ContextOptions::with_port(0)
         })
         .unwrap();
@@ -396,12 +405,22 @@ fn child_target() {
     let cm_addr: SocketAddr = env(CM_ENV).parse().unwrap();
     let len: usize = env(LEN_ENV).parse().unwrap();
     let base: u64 = env(BASE_ENV).parse().unwrap();
-    let s = side(Provider::Shm);
+    let raw = std::env::var_os(RAW_ENV).is_some();
+    let s = side_adopting(Provider::Shm, raw);
     let rights = Access::LOCAL_WRITE
         .with(Access::REMOTE_WRITE)
         .with(Access::REMOTE_READ)
         .with(Access::REMOTE_ATOMIC);
-    let mr = s.pd.alloc_mr(len, rights).unwrap();
+    let mr = if raw {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size. The memory is never freed: the process ends with it.
+        let p = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap();
+        // SAFETY: `len` bytes of memory that lives as long as the process, reached only
+        // through the region.
+        unsafe { s.pd.register_raw(p, len, rights) }.unwrap()
+    } else {
+        s.pd.alloc_mr(len, rights).unwrap()
+    };
     mr.write_u64(0, base).unwrap();
     let qp = new_qp(&s.pd, &s.cq);
     let local = qp.endpoint_info(psn_of(qp.qpn()), Some(region_of(&mr)));
@@ -495,19 +514,51 @@ fn child_initiator() {
 /// 10,000 each of WRITE, READ and FETCH_ADD into a process that is stopped the whole time.
 #[test]
 fn one_sided_operations_reach_a_stopped_target() {
+    into_a_stopped_target(false);
+}
+
+/// The same into heap memory the stopped process registered itself, on a context that adopts
+/// registered pages (as the drop-in libibverbs does): its pages now map a memfd.
+#[test]
+fn one_sided_operations_reach_adopted_heap_memory_of_a_stopped_target() {
+    into_a_stopped_target(true);
+}
+
+fn into_a_stopped_target(raw: bool) {
     const ITERS: u64 = 10_000;
     /// Slots of an odd size, so that writes start and end at every alignment and cross pages.
     const SLOT: usize = 4100;
     const SLOTS: usize = 16;
-    const LEN: usize = 8 + SLOTS * SLOT;
+    // Whole pages for heap memory, whose partial pages would take the packet path.
+    let len = if raw {
+        (8 + SLOTS * SLOT).next_multiple_of(4096)
+    } else {
+        8 + SLOTS * SLOT
+    };
     const BASE: u64 = 0x5eed_0000_0000_0000;
-    let (listener, mut target) = spawn_target(LEN, BASE, &[]);
+    let extra = if raw {
+        vec![(RAW_ENV, "1".to_string())]
+    } else {
+        vec![]
+    };
+    let (listener, mut target) = spawn_target(len, BASE, &extra);
     let s = side(Provider::Shm);
     let qp = new_qp(&s.pd, &s.cq);
     let local = qp.endpoint_info(psn_of(qp.qpn()), None);
     let mut conn = listener.accept(&local, T).unwrap();
     let remote = conn.peer.region.expect("the target advertised no region");
-    assert_eq!(remote.len, LEN as u64);
+    assert_eq!(remote.len, len as u64);
+    if raw {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
+        let line = maps
+            .lines()
+            .find(|l| {
+                let (a, _) = l.split_once('-').unwrap();
+                u64::from_str_radix(a, 16).unwrap() == remote.addr
+            })
+            .unwrap_or_else(|| panic!("no mapping starts at the region:\n{maps}"));
+        assert!(line.contains("ferroce-adopted"), "not adopted: {line}");
+    }
     qp.connect(&local, &conn.peer, &options()).unwrap();
     conn.sync(T).unwrap();
     assert_eq!(qp.provider(), Provider::Shm);
@@ -517,7 +568,7 @@ fn one_sided_operations_reach_a_stopped_target() {
     let dst = s.pd.alloc_mr(SLOT, Access::LOCAL_WRITE).unwrap();
     let result = s.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     // What the target's region must hold: updated with every WRITE and FETCH_ADD.
-    let mut model = vec![0u8; LEN];
+    let mut model = vec![0u8; len];
     model[..8].copy_from_slice(&BASE.to_ne_bytes());
     let started = Instant::now();
     for i in 0..ITERS {
@@ -576,7 +627,7 @@ fn one_sided_operations_reach_a_stopped_target() {
         thread_states(target.pid())
     );
     // The bytes are in the stopped process's own memory, at the address it advertised.
-    let seen = read_process_memory(target.pid(), remote.addr, LEN);
+    let seen = read_process_memory(target.pid(), remote.addr, len);
     let first_diff = seen.iter().zip(&model).position(|(a, b)| a != b);
     assert_eq!(
         first_diff, None,

@@ -19,12 +19,18 @@ struct Side {
 }
 
 fn side(provider: Provider) -> Side {
+    side_with(ContextOptions {
+        provider,
+        ..ContextOptions::with_port(0)
+    })
+}
+
+fn side_with(options: ContextOptions) -> Side {
     let ctx = device_by_name("lo")
         .unwrap()
         .open(&ContextOptions {
             capture: None,
-            provider,
-            ..ContextOptions::with_port(0)
+            ..options
         })
         .unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -598,3 +604,398 @@ on_both_providers!(
     host_slots_name_ports_and_qpns,
     one_channel_reports_each_armed_cq_once,
 );
+
+// ---- caller memory whose pages a context adopts (shared memory only) ------------------------
+
+const PAGE: usize = 4096;
+
+/// Page-aligned memory the test owns (zeroed), reached only through raw copies, as a C program
+/// reaches memory a peer may write; freed on drop.
+struct Pages {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl Pages {
+    fn new(len: usize) -> Pages {
+        let layout = std::alloc::Layout::from_size_align(len, PAGE).unwrap();
+        // SAFETY: a non-zero size.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).unwrap();
+        Pages { ptr, layout }
+    }
+    fn at(&self, off: usize) -> std::ptr::NonNull<u8> {
+        assert!(off < self.layout.size());
+        // SAFETY: inside the allocation (checked).
+        unsafe { self.ptr.add(off) }
+    }
+    fn addr(&self, off: usize) -> u64 {
+        self.at(off).as_ptr() as u64
+    }
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.layout.size());
+        let mut v = vec![0u8; len];
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: inside the allocation; a peer's stores are plain stores, as a NIC's DMA.
+        unsafe { std::ptr::copy(self.ptr.as_ptr().add(off), v.as_mut_ptr(), len) };
+        v
+    }
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.layout.size());
+        // SAFETY: inside the allocation.
+        unsafe { std::ptr::copy(data.as_ptr(), self.ptr.as_ptr().add(off), data.len()) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+    /// Registers `len` bytes from `off`.
+    fn register(&self, s: &Side, off: usize, len: usize, access: Access) -> MemoryRegion {
+        assert!(off + len <= self.layout.size());
+        // SAFETY: the range is inside the allocation, which outlives the region in every test
+        // (regions are dropped first), and is reached only through raw copies meanwhile.
+        unsafe { s.pd.register_raw(self.at(off), len, access) }.unwrap()
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// What `/proc/self/maps` names at each page of `addr..addr + len` (the path column).
+fn mapping_of_pages(addr: u64, len: usize) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    (0..len / PAGE)
+        .map(|i| {
+            let at = addr + (i * PAGE) as u64;
+            maps.lines()
+                .find_map(|l| {
+                    let mut f = l.split_whitespace();
+                    let (a, b) = f.next()?.split_once('-')?;
+                    let (a, b) = (
+                        u64::from_str_radix(a, 16).ok()?,
+                        u64::from_str_radix(b, 16).ok()?,
+                    );
+                    (a <= at && at < b).then(|| f.skip(4).collect::<Vec<_>>().join(" "))
+                })
+                .unwrap_or_else(|| "unmapped".into())
+        })
+        .collect()
+}
+
+fn adopted(name: &str) -> bool {
+    name.contains("ferroce-adopted")
+}
+
+fn adopting_pair() -> (Side, Side, QueuePair, QueuePair) {
+    let open = || {
+        side_with(ContextOptions {
+            provider: Provider::Shm,
+            adopt_registered_pages: true,
+            ..ContextOptions::with_port(0)
+        })
+    };
+    let (a, b) = (open(), open());
+    let (qa, qb) = (qp(&a, None), qp(&b, None));
+    connect(&qa, &a.ctx, &qb, &b.ctx);
+    (a, b, qa, qb)
+}
+
+fn direct_ops(s: &Side) -> u64 {
+    s.ctx.counters().direct_ops
+}
+
+/// Posts `wr` on `q` and checks its completion.
+fn run(s: &Side, q: &QueuePair, wr: SendWr, want: (WcStatus, WcOpcode)) {
+    let id = wr.wr_id;
+    q.post_send(wr).unwrap();
+    let wc = s.cq.wait(1, T).unwrap();
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (id, want.0, want.1),
+        "completion of wr {id}"
+    );
+}
+
+/// Registered caller memory: its whole pages move onto a memfd (same bytes, same addresses), a
+/// peer WRITEs, READs and FETCH_ADDs them directly and the program sees every byte at its own
+/// pointers; requests touching the partial pages at the ends take the packet path and are just
+/// as right; deregistration gives the pages back with their bytes, and the old key then fails.
+#[test]
+fn adopted_caller_memory_is_reached_directly_and_given_back() {
+    let (a, b, qa, _qb) = adopting_pair();
+    // Region [100, 100 + 4 pages) of five pages: pages 1-3 whole, pages 0 and 4 partial.
+    let (off, len) = (100, 4 * PAGE);
+    let target = Pages::new(5 * PAGE);
+    let mut model = pattern(1, 5 * PAGE);
+    target.write(0, &model);
+    let before = mapping_of_pages(target.addr(0), 5 * PAGE);
+    assert!(!before.iter().any(|m| adopted(m)), "{before:?}");
+    let mr = target.register(&b, off, len, Access::ALL);
+    let during = mapping_of_pages(target.addr(0), 5 * PAGE);
+    let which: Vec<bool> = during.iter().map(|m| adopted(m)).collect();
+    assert_eq!(which, [false, true, true, true, false], "{during:?}");
+    assert!(
+        target.read(0, 5 * PAGE) == model,
+        "registration changed bytes"
+    );
+
+    // The initiator's buffers are caller memory too (adopted: whole pages).
+    let local = Pages::new(5 * PAGE);
+    let lmr = local.register(&a, 0, 5 * PAGE, Access::ALL);
+    let rkey = mr.rkey();
+
+    // A WRITE inside the whole pages: direct.
+    let data = pattern(2, 8000);
+    local.write(0, &data);
+    let d0 = direct_ops(&a);
+    run(
+        &a,
+        &qa,
+        SendWr::new(1, SendOp::Write, vec![lmr.sge(0, 8000).unwrap()])
+            .remote(target.addr(PAGE + 50), rkey),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    assert_eq!(direct_ops(&a), d0 + 1, "the WRITE was not done directly");
+    model[PAGE + 50..PAGE + 8050].copy_from_slice(&data);
+    assert!(
+        target.read(0, 5 * PAGE) == model,
+        "direct WRITE: bytes differ"
+    );
+
+    // A WRITE over the first partial page and into the next: the packet path, as right.
+    let data = pattern(3, PAGE);
+    local.write(0, &data);
+    run(
+        &a,
+        &qa,
+        SendWr::new(2, SendOp::Write, vec![lmr.sge(0, PAGE).unwrap()])
+            .remote(target.addr(off), rkey),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    assert_eq!(
+        direct_ops(&a),
+        d0 + 1,
+        "a request on a partial page went direct"
+    );
+    model[off..off + PAGE].copy_from_slice(&data);
+    assert!(
+        target.read(0, 5 * PAGE) == model,
+        "packet-path WRITE: bytes differ"
+    );
+
+    // The program's own store is what the peer READs.
+    let mine = pattern(4, 300);
+    target.write(3 * PAGE + 7, &mine);
+    model[3 * PAGE + 7..3 * PAGE + 307].copy_from_slice(&mine);
+    // READ the whole region back into the local pages.
+    local.write(0, &vec![0xEE; 5 * PAGE]);
+    run(
+        &a,
+        &qa,
+        SendWr::new(3, SendOp::Read, vec![lmr.sge(0, len).unwrap()]).remote(target.addr(off), rkey),
+        (WcStatus::Success, WcOpcode::RdmaRead),
+    );
+    assert!(
+        local.read(0, len) == model[off..off + len],
+        "READ: bytes differ"
+    );
+
+    // FETCH_ADD on a word of a whole page: direct, and the program sees the sum.
+    let word = 2 * PAGE + 64;
+    let old = u64::from_ne_bytes(model[word..word + 8].try_into().unwrap());
+    let d1 = direct_ops(&a);
+    run(
+        &a,
+        &qa,
+        SendWr::new(4, SendOp::FetchAdd { add: 5 }, vec![lmr.sge(0, 8).unwrap()])
+            .remote(target.addr(word), rkey),
+        (WcStatus::Success, WcOpcode::FetchAdd),
+    );
+    assert_eq!(
+        direct_ops(&a),
+        d1 + 1,
+        "the FETCH_ADD was not done directly"
+    );
+    assert_eq!(local.read(0, 8), old.to_ne_bytes(), "FETCH_ADD original");
+    model[word..word + 8].copy_from_slice(&old.wrapping_add(5).to_ne_bytes());
+    assert!(target.read(0, 5 * PAGE) == model, "FETCH_ADD: bytes differ");
+
+    // Deregistration gives the pages back, bytes and all.
+    drop(mr);
+    let after = mapping_of_pages(target.addr(0), 5 * PAGE);
+    assert!(!after.iter().any(|m| adopted(m)), "{after:?}");
+    assert!(
+        target.read(0, 5 * PAGE) == model,
+        "deregistration changed bytes"
+    );
+    // The old key reaches nothing: the request fails and touches no byte.
+    local.write(0, &[0x55; 64]);
+    run(
+        &a,
+        &qa,
+        SendWr::new(5, SendOp::Write, vec![lmr.sge(0, 64).unwrap()])
+            .remote(target.addr(PAGE), rkey),
+        (WcStatus::RemoteAccessError, WcOpcode::RdmaWrite),
+    );
+    assert!(
+        target.read(0, 5 * PAGE) == model,
+        "a WRITE after deregistration landed"
+    );
+    drop(lmr);
+    assert!(!mapping_of_pages(local.addr(0), 5 * PAGE)
+        .iter()
+        .any(|m| adopted(m)));
+}
+
+/// Two regions over the same pages share one memfd; the pages go back when the last goes.
+#[test]
+fn two_regions_over_the_same_pages_share_one_adoption() {
+    let (a, b, qa, _qb) = adopting_pair();
+    let target = Pages::new(4 * PAGE);
+    let whole = target.register(&b, 0, 4 * PAGE, Access::ALL);
+    let inner = target.register(
+        &b,
+        PAGE,
+        2 * PAGE,
+        Access::REMOTE_WRITE.with(Access::LOCAL_WRITE),
+    );
+    let local = Pages::new(PAGE);
+    let lmr = local.register(&a, 0, PAGE, Access::ALL);
+    let data = pattern(5, 100);
+    local.write(0, &data);
+    let d0 = direct_ops(&a);
+    for (id, rkey, at) in [(1, whole.rkey(), 10), (2, inner.rkey(), PAGE + 500)] {
+        run(
+            &a,
+            &qa,
+            SendWr::new(id, SendOp::Write, vec![lmr.sge(0, 100).unwrap()])
+                .remote(target.addr(at), rkey),
+            (WcStatus::Success, WcOpcode::RdmaWrite),
+        );
+        assert!(target.read(at, 100) == data, "WRITE {id}: bytes differ");
+    }
+    assert_eq!(direct_ops(&a), d0 + 2, "both WRITEs direct");
+    drop(whole);
+    assert!(mapping_of_pages(target.addr(PAGE), PAGE)
+        .iter()
+        .all(|m| adopted(m)));
+    run(
+        &a,
+        &qa,
+        SendWr::new(3, SendOp::Write, vec![lmr.sge(0, 100).unwrap()])
+            .remote(target.addr(2 * PAGE), inner.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    assert!(target.read(2 * PAGE, 100) == data);
+    assert_eq!(direct_ops(&a), d0 + 3);
+    drop(inner);
+    let after = mapping_of_pages(target.addr(0), 4 * PAGE);
+    assert!(!after.iter().any(|m| adopted(m)), "{after:?}");
+    let mut model = vec![0u8; 4 * PAGE];
+    for at in [10, PAGE + 500, 2 * PAGE] {
+        model[at..at + 100].copy_from_slice(&data);
+    }
+    assert!(target.read(0, 4 * PAGE) == model);
+}
+
+/// `fork` gives the child a private copy of adopted pages: the child's stores stay in the
+/// child, and a peer's WRITE after the fork lands in the parent only.
+#[test]
+fn fork_gives_the_child_private_copies_of_adopted_pages() {
+    let (a, b, qa, _qb) = adopting_pair();
+    let target = Pages::new(2 * PAGE);
+    let original = pattern(6, 2 * PAGE);
+    target.write(0, &original);
+    let mr = target.register(&b, 0, 2 * PAGE, Access::ALL);
+    // SAFETY: the child only copies and compares memory, then `_exit`s: no lock, no allocation.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let p = target.ptr.as_ptr();
+        let mut code = 0;
+        // SAFETY (the block): inside the child's copy of the allocation.
+        unsafe {
+            for (i, want) in original.iter().enumerate() {
+                if *p.add(i) != *want {
+                    code = 2;
+                }
+            }
+            std::ptr::write_bytes(p, 0xAB, 2 * PAGE);
+            std::thread::sleep(Duration::from_millis(200));
+            libc::_exit(code);
+        }
+    }
+    // While the child writes its copy, a peer WRITEs the parent's.
+    let local = Pages::new(PAGE);
+    let lmr = local.register(&a, 0, PAGE, Access::ALL);
+    let data = pattern(7, 256);
+    local.write(0, &data);
+    run(
+        &a,
+        &qa,
+        SendWr::new(1, SendOp::Write, vec![lmr.sge(0, 256).unwrap()])
+            .remote(target.addr(PAGE), mr.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child saw other bytes than the parent's"
+    );
+    let mut model = original.clone();
+    model[PAGE..PAGE + 256].copy_from_slice(&data);
+    assert!(
+        target.read(0, 2 * PAGE) == model,
+        "the child's stores reached the parent"
+    );
+    drop(mr);
+    assert!(target.read(0, 2 * PAGE) == model);
+}
+
+/// Memory that is not private and anonymous (here shared anonymous memory, whose sharing the
+/// program may rely on) keeps its pages: requests on it take the packet path, as right.
+#[test]
+fn shared_mappings_are_not_adopted() {
+    let (a, b, qa, _qb) = adopting_pair();
+    // SAFETY: a fresh shared anonymous mapping, unmapped at the end.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let ptr = std::ptr::NonNull::new(p.cast::<u8>()).unwrap();
+    let before = mapping_of_pages(p as u64, 2 * PAGE);
+    // SAFETY: the mapping outlives the region and is reached only by raw copies.
+    let mr = unsafe { b.pd.register_raw(ptr, 2 * PAGE, Access::ALL) }.unwrap();
+    assert_eq!(mapping_of_pages(p as u64, 2 * PAGE), before);
+    let local = Pages::new(PAGE);
+    let lmr = local.register(&a, 0, PAGE, Access::ALL);
+    let data = pattern(8, 1000);
+    local.write(0, &data);
+    let d0 = direct_ops(&a);
+    run(
+        &a,
+        &qa,
+        SendWr::new(1, SendOp::Write, vec![lmr.sge(0, 1000).unwrap()])
+            .remote(p as u64 + 3000, mr.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    assert_eq!(direct_ops(&a), d0, "shared memory was written directly");
+    let mut got = vec![0u8; 1000];
+    // SAFETY: inside the mapping.
+    unsafe { std::ptr::copy(p.cast::<u8>().add(3000), got.as_mut_ptr(), 1000) };
+    assert!(got == data);
+    drop(mr);
+    // SAFETY: the mapping made above; nothing uses it any more.
+    unsafe { libc::munmap(p, 2 * PAGE) };
+}

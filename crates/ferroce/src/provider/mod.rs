@@ -64,6 +64,7 @@ pub(crate) use crate::verbs::qp_core::{QpCore, QpShared};
 // ---- what the verbs layer may name of the providers ---------------------------------------
 
 pub(crate) use engine::{flush_held_ack, route_completions, send_owed, DeferredAck, EngineState};
+pub(crate) use shm::adopt::{adopt, release as release_adopted, AdoptedPages};
 pub(crate) use shm::map::SharedMap;
 pub(crate) use shm::{direct, shortcut, Link, PeerMemory, ShmHost, ShmQp};
 pub(crate) use udp::{QpSocket, UdpPort};

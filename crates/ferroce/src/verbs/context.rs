@@ -52,6 +52,17 @@ pub struct ContextOptions {
     /// a flushed one as a failure (`ibv_rc_pingpong` does). A QP with work under way fails
     /// either way; a later send on an idle one fails by retry timeout.
     pub fail_idle_qps_when_peer_goes: bool,
+    /// Move the whole pages of memory registered with
+    /// [`register_raw`](crate::ProtectionDomain::register_raw) onto a memfd in place, so a
+    /// same-host peer WRITEs, READs and applies atomics to them directly, with no code running
+    /// here (as to regions from [`alloc_mr`](crate::ProtectionDomain::alloc_mr)), instead of
+    /// through this context's engine. Only private anonymous memory is moved; the program's
+    /// pointers stay valid, `fork` still gives a child private copies, and deregistration gives
+    /// the pages back. The price: a store by another thread into those pages while the region
+    /// is registered or deregistered may be lost. The drop-in libibverbs turns it on (programs
+    /// written for RDMA spin on memory a peer writes); default: off. Ignored without shared
+    /// memory.
+    pub adopt_registered_pages: bool,
 }
 
 /// Several processes of one host, each with its own UDP port, told apart by QPN alone.
@@ -92,6 +103,7 @@ impl Default for ContextOptions {
             host_slot: false,
             hand_over_to_polling_app: true,
             fail_idle_qps_when_peer_goes: true,
+            adopt_registered_pages: false,
         }
     }
 }
@@ -124,6 +136,8 @@ pub(crate) struct ContextShared {
     pub hand_over_to_polling_app: bool,
     /// See [`ContextOptions::fail_idle_qps_when_peer_goes`].
     pub fail_idle_qps_when_peer_goes: bool,
+    /// See [`ContextOptions::adopt_registered_pages`].
+    pub adopt_registered_pages: bool,
     pub epoch: std::time::Instant,
     pub engine: Mutex<EngineState>,
     /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
@@ -296,6 +310,7 @@ impl Context {
             app_polling_until: AtomicU64::new(0),
             hand_over_to_polling_app: options.hand_over_to_polling_app,
             fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
+            adopt_registered_pages: options.adopt_registered_pages,
             epoch: std::time::Instant::now(),
             engine: Mutex::new(EngineState::new()),
             work_pending: AtomicBool::new(true),

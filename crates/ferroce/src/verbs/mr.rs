@@ -24,7 +24,12 @@
 //! Caller memory ([`crate::ProtectionDomain::register_raw`]) cannot be mapped by a peer:
 //! requests on it are served by this context's engine. Its accesses hold a lock (shared for
 //! reading, exclusive for writing), because deregistration must wait for the ones under way:
-//! once it returns, the caller may free the memory.
+//! once it returns, the caller may free the memory. A context opened with
+//! [`crate::ContextOptions::adopt_registered_pages`] moves the whole pages of caller memory
+//! onto a memfd in place (`provider::shm::adopt`): those pages are then reached as regions
+//! ferroce allocated are — by a same-host peer directly, here through a second mapping of the
+//! memfd that lives as long as the region, with no lock — and only accesses touching the
+//! partial pages at the ends take the lock.
 //!
 //! Dropping a [`MemoryRegion`] removes its key at once, so no new access can find it.
 
@@ -37,7 +42,7 @@ use ferroce_proto::Sge;
 
 use super::context::ContextInner;
 use crate::error::{Error, Result};
-use crate::provider::SharedMap;
+use crate::provider::{AdoptedPages, SharedMap};
 
 /// Where a region's bytes come from.
 #[derive(Debug)]
@@ -46,6 +51,23 @@ enum Backing {
     Shared(SharedMap),
     /// The caller's memory (registered with `unsafe`); not freed by ferroce.
     Borrowed,
+    /// The caller's memory whose whole pages were moved onto a memfd in place (see the module
+    /// doc); given back to the caller at deregistration, once.
+    Adopted {
+        pages: AdoptedPages,
+        given_back: AtomicBool,
+    },
+}
+
+/// Where a peer finds a region's bytes: `len` bytes from the region's address `addr` are bytes
+/// `file_offset..` of the memfd `fd` (inode `inode`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PublishedFile {
+    pub fd: i32,
+    pub inode: u64,
+    pub addr: u64,
+    pub len: u64,
+    pub file_offset: u64,
 }
 
 /// A registered region's bytes and attributes.
@@ -90,25 +112,63 @@ impl MrInner {
         })
     }
 
-    /// The memfd holding the bytes and its inode, for regions ferroce allocated.
-    pub(crate) fn shared_file(&self) -> Option<(i32, u64)> {
+    /// The memfd a peer maps to reach the region's bytes, and which of them: the whole region
+    /// if ferroce allocated it, its adopted pages if it has some, nothing for caller memory.
+    pub(crate) fn published_file(&self) -> Option<PublishedFile> {
         match &self.backing {
-            Backing::Shared(m) => Some((m.fd(), m.inode())),
+            Backing::Shared(m) => Some(PublishedFile {
+                fd: m.fd(),
+                inode: m.inode(),
+                addr: self.addr(),
+                len: self.len as u64,
+                file_offset: 0,
+            }),
+            Backing::Adopted { pages, .. } => Some(PublishedFile {
+                fd: pages.alias.fd(),
+                inode: pages.alias.inode(),
+                addr: pages.start,
+                len: pages.len,
+                file_offset: pages.file_offset,
+            }),
             Backing::Borrowed => None,
         }
     }
 
-    /// Where byte `offset` of a region ferroce allocated lives, while it is registered: such a
-    /// region stays mapped as long as `self` lives and needs no lock to be touched (caller
-    /// memory does, so it gets `None`, as does a deregistered region). The caller checked
-    /// `offset` and its length against the region.
+    /// The part of the region reached with no lock while it is registered — all of a region
+    /// ferroce allocated, the adopted pages of caller memory — as its address, length and where
+    /// its first byte is mapped here; such mappings live as long as `self`. `None` for plain
+    /// caller memory and once deregistered.
     #[inline]
-    pub(crate) fn shared_ptr(&self, offset: usize) -> Option<*mut u8> {
-        if !matches!(self.backing, Backing::Shared(_)) || self.revoked.load(Ordering::Acquire) {
+    pub(crate) fn direct_span(&self) -> Option<(u64, u64, *mut u8)> {
+        if self.revoked.load(Ordering::Acquire) {
             return None;
         }
-        debug_assert!(offset <= self.len);
-        Some(self.ptr.as_ptr().wrapping_add(offset))
+        match &self.backing {
+            Backing::Shared(_) => Some((self.addr(), self.len as u64, self.ptr.as_ptr())),
+            Backing::Adopted { pages, .. } => {
+                Some((pages.start, pages.len, pages.alias_ptr(pages.start)))
+            }
+            Backing::Borrowed => None,
+        }
+    }
+
+    /// Where `offset..offset + len` of the region is mapped for a lock-free access, if it lies
+    /// in the region's [`direct_span`](Self::direct_span). The caller checked the range lies in
+    /// the region.
+    #[inline]
+    pub(crate) fn direct_ptr(&self, offset: usize, len: usize) -> Option<*mut u8> {
+        if self.revoked.load(Ordering::Acquire) {
+            return None;
+        }
+        debug_assert!(offset.saturating_add(len) <= self.len);
+        match &self.backing {
+            Backing::Shared(_) => Some(self.ptr.as_ptr().wrapping_add(offset)),
+            Backing::Adopted { pages, .. } => {
+                let addr = self.addr() + offset as u64;
+                pages.holds(addr, len as u64).then(|| pages.alias_ptr(addr))
+            }
+            Backing::Borrowed => None,
+        }
     }
 
     /// Where `offset..offset + len` of a region ferroce allocated starts, for an access through
@@ -134,8 +194,19 @@ impl MrInner {
         f: impl FnOnce(*mut u8) -> R,
     ) -> Result<R> {
         self.check(offset, len)?;
+        if let Backing::Adopted { pages, .. } = &self.backing {
+            let addr = self.addr() + offset as u64;
+            if pages.holds(addr, len as u64) {
+                if self.revoked.load(Ordering::Acquire) {
+                    return Err(self.revoked());
+                }
+                // Through the region's own mapping of the memfd, which lives as long as `self`:
+                // as for a region ferroce allocated, no lock.
+                return Ok(f(pages.alias_ptr(addr)));
+            }
+        }
         let (_shared, _exclusive);
-        if matches!(self.backing, Backing::Borrowed) {
+        if !matches!(self.backing, Backing::Shared(_)) {
             if writing {
                 _exclusive = self.lock.write().unwrap_or_else(|e| e.into_inner());
             } else {
@@ -146,8 +217,8 @@ impl MrInner {
             return Err(self.revoked());
         }
         // SAFETY: `offset + len <= self.len` was checked, so the pointer is inside the region,
-        // which is not revoked (caller memory: cannot be while the lock is held; shared
-        // regions: stay mapped while `self` lives either way).
+        // which is not revoked (caller memory, adopted or not: cannot be while the lock is
+        // held; shared regions: stay mapped while `self` lives either way).
         Ok(f(unsafe { self.ptr.as_ptr().add(offset) }))
     }
 
@@ -172,6 +243,26 @@ impl MrInner {
         }
     }
 
+    /// Wraps caller memory, moving its whole pages onto a memfd a same-host peer can map when
+    /// the memory allows it (see `provider::shm::adopt`; plain caller memory otherwise).
+    ///
+    /// # Safety
+    /// See `ProtectionDomain::register_raw`; besides, no other thread stores to the memory
+    /// while this runs.
+    pub(crate) unsafe fn adopted(ptr: NonNull<u8>, len: usize, access: Access, pd: u32) -> MrInner {
+        // SAFETY: as the caller vouches.
+        let mut mr = unsafe { MrInner::borrowed(ptr, len, access, pd) };
+        // SAFETY: as the caller vouches.
+        if let Some(pages) = unsafe { crate::provider::adopt(ptr.as_ptr(), len) } {
+            mr.backing = Backing::Adopted {
+                pages,
+                given_back: AtomicBool::new(false),
+            };
+        }
+        mr
+    }
+
+    /// The region's first byte as the program (and a peer) names it.
     pub(crate) fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
@@ -227,6 +318,11 @@ impl MrInner {
     pub(crate) fn revoke(&self) {
         let _exclusive = self.lock.write().unwrap_or_else(|e| e.into_inner());
         self.revoked.store(true, Ordering::Release);
+        if let Backing::Adopted { pages, given_back } = &self.backing {
+            if !given_back.swap(true, Ordering::AcqRel) {
+                crate::provider::release_adopted(pages);
+            }
+        }
     }
 
     fn revoked(&self) -> Error {
@@ -262,8 +358,9 @@ impl MrInner {
                 let word = unsafe { AtomicU64::from_ptr(p.cast()) };
                 return apply_atomic(word, op);
             }
-            // Only caller memory can be misaligned (shared regions are page-aligned, and the
-            // transport refuses misaligned remote atomics), and it is held exclusively here.
+            // Only plain caller memory can be misaligned (shared regions and adopted pages are
+            // page-aligned, and the transport refuses misaligned remote atomics), and it is
+            // held exclusively here.
             // SAFETY: 8 bytes of the region.
             let old = unsafe { std::ptr::read_unaligned(p.cast::<u64>()) };
             // SAFETY: as above.

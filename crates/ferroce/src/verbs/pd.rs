@@ -36,14 +36,22 @@ impl ProtectionDomain {
     /// (or any work request naming it) lives, and must not be read or written by the caller in
     /// any other way meanwhile — not even through a shared reference — because a peer or the
     /// engine may write it at any moment. Only access it through the region's `read`/`write`.
+    /// On a context opened with [`ContextOptions::adopt_registered_pages`](crate::ContextOptions::adopt_registered_pages),
+    /// no other thread may store to those pages while this call or the region's drop runs.
     pub unsafe fn register_raw(
         &self,
         ptr: NonNull<u8>,
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
-        // SAFETY: the caller's contract is the one `MrInner::borrowed` requires.
-        let inner = unsafe { MrInner::borrowed(ptr, len, access, self.id) };
+        let shared = &self.ctx.shared;
+        let inner = if shared.adopt_registered_pages && shared.shm.is_some() {
+            // SAFETY: the caller's contract, with the adoption clause above.
+            unsafe { MrInner::adopted(ptr, len, access, self.id) }
+        } else {
+            // SAFETY: the caller's contract is the one `MrInner::borrowed` requires.
+            unsafe { MrInner::borrowed(ptr, len, access, self.id) }
+        };
         MemoryRegion::new(inner, self.ctx.clone())
     }
 

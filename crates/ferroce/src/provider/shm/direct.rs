@@ -222,7 +222,7 @@ fn repeated_one_sided(
         .admit(sge.lkey, pd, need_local, sge.addr, len)
         .ok()?;
     // The region stays alive in `last_local`, which `resolve` leaves alone.
-    let local_ptr = local.mr.shared_ptr(offset)?;
+    let local_ptr = local.mr.direct_ptr(offset, len as usize)?;
     let (map, base) = peer.resolve(wr.rkey, wr.remote_addr, len, need_remote)?;
     // SAFETY: `resolve` checked `base..base + len` lies in the peer's region, which `map` keeps
     // mapped.

@@ -423,17 +423,18 @@ pub(super) const HELLO_LEN: usize = 16;
 impl ContextShared {
     /// Makes a newly registered region reachable by same-host peers.
     pub(crate) fn shm_publish(&self, key: u32, mr: &MrInner) {
-        let (Some(host), Some((fd, inode))) = (&self.shm, mr.shared_file()) else {
+        let (Some(host), Some(file)) = (&self.shm, mr.published_file()) else {
             return;
         };
         host.table.publish(&PublishedRegion {
             key,
             pd: mr.pd,
             access: mr.access,
-            addr: mr.addr(),
-            len: mr.len() as u64,
-            fd,
-            inode,
+            addr: file.addr,
+            len: file.len,
+            fd: file.fd,
+            inode: file.inode,
+            file_offset: file.file_offset,
         });
     }
 

@@ -176,12 +176,13 @@ impl PeerMemory {
             return None;
         }
         // The slot's inode and length say whether a mapping made earlier is of this region.
-        let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= r.len;
+        let needed = r.file_offset.checked_add(r.len)?;
+        let current = |m: &SharedMap| m.inode() == r.inode && m.len() as u64 >= needed;
         let map = match self.regions.get(&rkey).filter(|m| current(m)) {
             Some(m) => m.clone(),
             None => {
                 let m =
-                    Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, r.len as usize).ok()?);
+                    Arc::new(SharedMap::open_peer(self.pid, r.fd, r.inode, needed as usize).ok()?);
                 if self.regions.len() > 4096 {
                     self.regions.clear();
                 }

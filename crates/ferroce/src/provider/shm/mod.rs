@@ -32,7 +32,7 @@
 //!   its packets go through the peer's inbound ring instead of a socket: SEND/RECV, WRITE with
 //!   immediate, requests on a QP with requests already under way (so completions and execution
 //!   stay in posting order), operations on regions the caller registered itself (their bytes
-//!   are not in a memfd), and any request a check refuses — the target's own responder then
+//!   are not in a memfd, unless the context adopts them: see `adopt`), and any request a check refuses — the target's own responder then
 //!   refuses it with the IBTA status (remote access error, invalid request) and both QPs go to
 //!   ERR, exactly as on the wire. A refused request never touches memory.
 //! - A peer's engine that sleeps is woken by one byte on the hello connection; a peer process
@@ -40,10 +40,11 @@
 
 //!
 //! # Files
-//! `pages` (the key table and QP page layouts), `host` (the listener and the hello exchange),
+//! `pages` (the key table and QP page layouts), `adopt` (caller memory moved onto a memfd), `host` (the listener and the hello exchange),
 //! `link` (a QP's link and its way into the peer's memory), `transfer` (the packet path through
 //! rings), `direct` and `shortcut` (one-sided operations inside `post_send`), `ring`, `map`.
 
+pub(crate) mod adopt;
 pub(crate) mod direct;
 mod host;
 mod link;

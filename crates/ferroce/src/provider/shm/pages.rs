@@ -12,7 +12,7 @@ use super::ring::Ring;
 
 // ---- key table layout -------------------------------------------------------------------
 
-pub(super) const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FRCESHT1");
+pub(super) const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FRCESHT2");
 /// Byte offset of the "engine sleeping" flag in a key table's header.
 pub(super) const TABLE_SLEEPING: usize = 8;
 /// Where the slots start.
@@ -31,6 +31,7 @@ pub(super) const S_ADDR: usize = 24;
 pub(super) const S_LEN: usize = 32;
 pub(super) const S_FD: usize = 40;
 pub(super) const S_INODE: usize = 48;
+pub(super) const S_FILE_OFFSET: usize = 56;
 
 // ---- QP page layout ---------------------------------------------------------------------
 
@@ -91,19 +92,22 @@ pub(crate) struct PublishedRegion {
     pub len: u64,
     pub fd: i32,
     pub inode: u64,
+    /// Where `addr` is in the memfd (caller memory adopted for another region may start the
+    /// file earlier, see `adopt`).
+    pub file_offset: u64,
 }
 
 impl PublishedRegion {
-    /// The offset of `addr..addr + len` in the region, if an access through a peer QP in
-    /// protection domain `pd` that needs `need` may touch it (and the region's bytes are in a
-    /// memfd a peer can map).
+    /// The offset of `addr..addr + len` in the region's memfd, if an access through a peer QP
+    /// in protection domain `pd` that needs `need` may touch it (and the region's bytes are in
+    /// a memfd a peer can map).
     #[inline]
     pub(super) fn admit(&self, pd: u32, need: Access, addr: u64, len: u64) -> Option<usize> {
         if self.pd != pd || !self.access.contains(need) || self.fd < 0 {
             return None;
         }
         let off = addr.checked_sub(self.addr)?;
-        (off.checked_add(len)? <= self.len).then_some(off as usize)
+        (off.checked_add(len)? <= self.len).then_some((self.file_offset + off) as usize)
     }
 }
 
@@ -147,6 +151,9 @@ impl KeyTable {
             self.map
                 .u64_at(s + S_INODE)
                 .store(r.inode, Ordering::Relaxed);
+            self.map
+                .u64_at(s + S_FILE_OFFSET)
+                .store(r.file_offset, Ordering::Relaxed);
         });
     }
 
@@ -213,6 +220,7 @@ impl KeyTable {
                 len: self.map.u64_at(s + S_LEN).load(Ordering::Relaxed),
                 fd: self.map.u32_at(s + S_FD).load(Ordering::Relaxed) as i32,
                 inode: self.map.u64_at(s + S_INODE).load(Ordering::Relaxed),
+                file_offset: self.map.u64_at(s + S_FILE_OFFSET).load(Ordering::Relaxed),
             };
             std::sync::atomic::fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == before {

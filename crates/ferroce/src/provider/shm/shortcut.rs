@@ -103,16 +103,20 @@ impl Shortcut {
         }
         let shm = qp.shm.as_ref()?;
         let mr = &local.mr;
+        let (local_addr, local_len, local_ptr) = mr.direct_span()?;
         Some(Shortcut {
             lkey: sge.lkey,
             rkey: wr.rkey,
-            local_addr: mr.addr(),
-            local_len: mr.len() as u64,
-            local_ptr: mr.shared_ptr(0)?,
+            local_addr,
+            local_len,
+            local_ptr,
             local_writable: mr.access.contains(Access::LOCAL_WRITE),
             remote_addr: remote.region.addr,
             remote_len: remote.region.len,
-            remote_ptr: remote.map.ptr(),
+            remote_ptr: remote
+                .map
+                .ptr()
+                .wrapping_add(remote.region.file_offset as usize),
             remote_pd: remote.region.pd,
             remote_access: remote.region.access,
             removals: local.removals,

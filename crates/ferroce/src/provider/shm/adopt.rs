@@ -1,0 +1,372 @@
+//! Caller memory moved onto a memfd in place, so a same-host peer can reach it with no code
+//! running here.
+//!
+//! # Why
+//! A program written for libibverbs registers memory it allocated itself (`malloc`,
+//! `memalign`) and then, like perftest's `ib_write_lat`, spins on a byte of it until a peer's
+//! WRITE lands. A NIC writes such memory by DMA; ferroce's same-host peer can only write pages
+//! it can map, and private anonymous pages cannot be mapped by another process. Copying every
+//! access through the target's engine (a ring and a wake-up) made an 8-byte WRITE cost ~100 µs
+//! instead of ~0.1 µs.
+//!
+//! # How
+//! At registration the **whole pages** inside the range are copied into a fresh memfd, which
+//! is then mapped `MAP_SHARED | MAP_FIXED` over those very addresses: the program's pointers
+//! stay valid and see the same bytes, now in pages a peer can map too. Partial pages at the
+//! ends stay as they were (they hold the program's other objects, which another thread might
+//! store to while the copy runs), and accesses touching them take the packet path. Only
+//! private anonymous read-write memory (`malloc`, `memalign`, anonymous `mmap`) is adopted: a
+//! file mapping, shared memory or huge pages keep their own semantics and the packet path.
+//!
+//! Deregistration gives the pages back: they are copied into private anonymous memory that is
+//! moved over the range with `mremap`, if the range still maps the memfd (a program that
+//! unmapped or remapped it itself is left alone). A peer's access still under way lands in the
+//! memfd, which the region keeps mapped for ferroce's own late accesses, never in the
+//! program's pages.
+//!
+//! `fork` keeps its meaning: a child gets private copies of adopted pages (a `pthread_atfork`
+//! handler), instead of sharing them with the parent as `MAP_SHARED` would.
+//!
+//! # What the program must not do
+//! Store into the adopted pages from another thread *while* `ibv_reg_mr` or `ibv_dereg_mr`
+//! runs on them: such a store can be lost in the copy. RDMA programs register a buffer before
+//! using it and deregister it after; a context opened without
+//! [`ContextOptions::adopt_registered_pages`](crate::ContextOptions::adopt_registered_pages)
+//! never moves pages.
+
+use std::cell::UnsafeCell;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+
+use super::map::SharedMap;
+
+/// One adoption: whole pages of the program's memory now in `alias`'s memfd.
+#[derive(Debug)]
+struct Entry {
+    /// The program's address of the memfd's first byte (page-aligned).
+    start: usize,
+    len: usize,
+    alias: Arc<SharedMap>,
+    /// Regions registered over these pages.
+    users: usize,
+}
+
+/// The adoptions of the process, under a lock the `fork` handlers can hold across `fork`.
+struct Registry {
+    busy: AtomicBool,
+    entries: UnsafeCell<Vec<Entry>>,
+}
+
+// SAFETY: `entries` is only reached through `with`, which holds `busy` (a spin lock) for the
+// whole access, or by the fork handlers, which hold it from `prepare` to `parent`/`child`.
+unsafe impl Sync for Registry {}
+
+static REGISTRY: Registry = Registry {
+    busy: AtomicBool::new(false),
+    entries: UnsafeCell::new(Vec::new()),
+};
+
+impl Registry {
+    fn lock(&self) {
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
+        self.lock();
+        // SAFETY: `busy` is held, so this is the only reference to the entries.
+        let r = f(unsafe { &mut *self.entries.get() });
+        self.unlock();
+        r
+    }
+}
+
+extern "C" fn fork_prepare() {
+    REGISTRY.lock();
+}
+
+extern "C" fn fork_parent() {
+    REGISTRY.unlock();
+}
+
+extern "C" fn fork_child() {
+    // SAFETY: `prepare` took the lock before the fork; this process has one thread now.
+    let entries = unsafe { &*REGISTRY.entries.get() };
+    for e in entries {
+        // The child's copy of the pages must stop being the parent's: a private copy, as
+        // `fork` gives of any other private memory. Nothing to do on failure but keep sharing.
+        // SAFETY: `e.start..e.start + e.len` is mapped (it maps the memfd in the parent, whose
+        // mappings the child inherited).
+        let _ = unsafe { replace_with_private_copy(e.start, e.len) };
+    }
+    REGISTRY.unlock();
+}
+
+fn install_fork_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: three `extern "C"` functions that live for the whole process.
+        unsafe {
+            libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        }
+    });
+}
+
+fn page_size() -> usize {
+    // SAFETY: a plain query.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// One line of `/proc/self/maps`.
+struct Vma {
+    start: usize,
+    end: usize,
+    perms: [u8; 4],
+    offset: u64,
+    inode: u64,
+    path: String,
+}
+
+fn vmas_over(start: usize, end: usize) -> io::Result<Vec<Vma>> {
+    let text = std::fs::read_to_string("/proc/self/maps")?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if b <= start || a >= end {
+            continue;
+        }
+        let p = perms.as_bytes();
+        if p.len() < 4 {
+            continue;
+        }
+        out.push(Vma {
+            start: a,
+            end: b,
+            perms: [p[0], p[1], p[2], p[3]],
+            offset: u64::from_str_radix(offset, 16).unwrap_or(u64::MAX),
+            inode: inode.parse().unwrap_or(u64::MAX),
+            path: f.collect::<Vec<_>>().join(" "),
+        });
+    }
+    Ok(out)
+}
+
+/// Whether `vmas` cover `start..end` without a gap and each satisfies `ok`.
+fn covered(vmas: &[Vma], start: usize, end: usize, ok: impl Fn(&Vma) -> bool) -> bool {
+    let mut at = start;
+    for v in vmas {
+        if v.start > at || !ok(v) {
+            return false;
+        }
+        at = at.max(v.end);
+    }
+    at >= end
+}
+
+/// Maps private anonymous pages holding a copy of `start..start + len` over that range.
+///
+/// # Safety
+/// `start..start + len` is mapped readable, page-aligned, and nothing else in this process
+/// relies on its pages being the ones mapped there now (the bytes stay the same).
+unsafe fn replace_with_private_copy(start: usize, len: usize) -> io::Result<()> {
+    // SAFETY: a fresh anonymous mapping; checked below.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if tmp == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both ranges are `len` mapped bytes (the caller's and the fresh one), distinct.
+    unsafe { std::ptr::copy_nonoverlapping(start as *const u8, tmp.cast::<u8>(), len) };
+    // SAFETY: moves the fresh pages over the range, replacing what was mapped there (the caller
+    // vouches that is fine); the fresh mapping's old address is gone afterwards.
+    let moved = unsafe {
+        libc::mremap(
+            tmp,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            start as *mut libc::c_void,
+        )
+    };
+    if moved == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // SAFETY: the fresh mapping is still ours.
+        unsafe { libc::munmap(tmp, len) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The pages of a registered region that a peer can map: `len` bytes from the program's
+/// address `start` are bytes `file_offset..` of `alias`'s memfd (which `alias` maps too).
+#[derive(Debug, Clone)]
+pub(crate) struct AdoptedPages {
+    pub(crate) start: u64,
+    pub(crate) len: u64,
+    pub(crate) file_offset: u64,
+    pub(crate) alias: Arc<SharedMap>,
+}
+
+impl AdoptedPages {
+    /// Where the program's address `addr` (inside `start..start + len`) is in `alias`.
+    #[inline]
+    pub(crate) fn alias_ptr(&self, addr: u64) -> *mut u8 {
+        self.alias
+            .ptr()
+            .wrapping_add((self.file_offset + (addr - self.start)) as usize)
+    }
+
+    /// Whether `addr..addr + len` lies in the adopted pages.
+    #[inline]
+    pub(crate) fn holds(&self, addr: u64, len: u64) -> bool {
+        addr >= self.start
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.start + self.len)
+    }
+}
+
+/// Moves the whole pages inside `ptr..ptr + len` onto a memfd in place (see the module doc), or
+/// finds them already moved for another region; `None` if there are none or they are not
+/// private anonymous read-write memory (the region then stays plain caller memory).
+///
+/// # Safety
+/// `ptr..ptr + len` is memory the caller registers: valid, and not stored to by another thread
+/// while this runs.
+pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
+    let page = page_size();
+    let first = (ptr as usize).checked_add(page - 1)? & !(page - 1);
+    let end = (ptr as usize).checked_add(len)? & !(page - 1);
+    if end <= first {
+        return None;
+    }
+    install_fork_handlers();
+    REGISTRY.with(|entries| {
+        if let Some(e) = entries
+            .iter_mut()
+            .find(|e| e.start <= first && end <= e.start + e.len)
+        {
+            e.users += 1;
+            return Some(AdoptedPages {
+                start: first as u64,
+                len: (end - first) as u64,
+                file_offset: (first - e.start) as u64,
+                alias: e.alias.clone(),
+            });
+        }
+        if entries
+            .iter()
+            .any(|e| e.start < end && first < e.start + e.len)
+        {
+            // Overlaps an adoption without lying inside it: two memfds cannot both be it.
+            return None;
+        }
+        let vmas = vmas_over(first, end).ok()?;
+        let private_anonymous = |v: &Vma| {
+            &v.perms == b"rw-p" && v.inode == 0 && (v.path.is_empty() || v.path == "[heap]")
+        };
+        if !covered(&vmas, first, end, private_anonymous) {
+            return None;
+        }
+        let n = end - first;
+        let alias = SharedMap::create("ferroce-adopted", n).ok()?;
+        // SAFETY: `first..end` lies in the caller's registered range (valid, see the contract);
+        // the alias is a fresh mapping of `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(first as *const u8, alias.ptr(), n) };
+        // SAFETY: maps the memfd, now holding the same bytes, over whole pages of the caller's
+        // private anonymous memory: its pointers stay valid and read what they read before.
+        let p = unsafe {
+            libc::mmap(
+                first as *mut libc::c_void,
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                alias.fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED || p as usize != first {
+            return None;
+        }
+        let alias = Arc::new(alias);
+        entries.push(Entry {
+            start: first,
+            len: n,
+            alias: alias.clone(),
+            users: 1,
+        });
+        Some(AdoptedPages {
+            start: first as u64,
+            len: n as u64,
+            file_offset: 0,
+            alias,
+        })
+    })
+}
+
+/// Ends one region's use of adopted pages; the last gives the pages back to the program as
+/// private memory (see the module doc).
+pub(crate) fn release(pages: &AdoptedPages) {
+    REGISTRY.with(|entries| {
+        let Some(i) = entries
+            .iter()
+            .position(|e| Arc::ptr_eq(&e.alias, &pages.alias))
+        else {
+            return;
+        };
+        entries[i].users -= 1;
+        if entries[i].users > 0 {
+            return;
+        }
+        let e = entries.swap_remove(i);
+        let (start, end) = (e.start, e.start + e.len);
+        let inode = e.alias.inode();
+        let still_ours = vmas_over(start, end).is_ok_and(|vmas| {
+            covered(&vmas, start, end, |v| {
+                &v.perms[..3] == b"rw-"
+                    && v.perms[3] == b's'
+                    && v.inode == inode
+                    && v.offset == (v.start.max(start) - start) as u64
+            })
+        });
+        if still_ours {
+            // SAFETY: the range maps the memfd (checked just above), whose pages nothing in
+            // the program tells apart from private ones.
+            let _ = unsafe { replace_with_private_copy(start, e.len) };
+        }
+    });
+}
