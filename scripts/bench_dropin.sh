@@ -32,7 +32,7 @@ pair() {
 
 for prov in udp auto; do
   for spec in "write_lat|8|20000" "send_lat|8|20000" "read_lat|8|20000" "atomic_lat|8|20000" \
-              "write_bw|65536|20000" "read_bw|1048576|1000"; do
+              "write_bw|1048576|5000" "read_bw|1048576|1000"; do
     IFS='|' read -r t size iters <<< "$spec"
     for r in $(seq "$REPS"); do
       pair "$tmp/pt_${prov}_${t}_$r" env LD_LIBRARY_PATH="$LIB" FERROCE_PROVIDER=$prov \
@@ -61,7 +61,7 @@ def ferroce(path, lat):
 print(f"{'test':<22}{'provider':<9}{'perftest+libibverbs':>21}{'ferroce perf':>14}{'ratio (median, range)':>26}")
 for prov in ["udp", "auto"]:
     for t, size in [("write_lat", 8), ("send_lat", 8), ("read_lat", 8), ("atomic_lat", 8),
-                    ("write_bw", 65536), ("read_bw", 1048576)]:
+                    ("write_bw", 1048576), ("read_bw", 1048576)]:
         lat = t.endswith("lat")
         a = [perftest(os.path.join(d, f"pt_{prov}_{t}_{r}"), lat) for r in range(1, reps + 1)]
         b = [ferroce(os.path.join(d, f"fp_{prov}_{t}_{r}"), lat) for r in range(1, reps + 1)]

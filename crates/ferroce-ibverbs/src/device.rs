@@ -222,8 +222,10 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
         let opts = ferroce::ContextOptions {
             gid_index,
             host_slot: true,
-            // C programs often wait by spinning on memory a peer writes, not on a CQ.
-            hand_over_to_polling_app: false,
+            // A polling program drives progress itself; C programs often wait by spinning on
+            // memory a peer writes next, so a poll that returns completions hands back.
+            hand_over_to_polling_app: true,
+            hand_back_at_completion: true,
             // As on a fabric: an idle QP does not learn that its peer went away.
             fail_idle_qps_when_peer_goes: false,
             adopt_registered_pages: true,

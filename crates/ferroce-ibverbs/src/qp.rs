@@ -18,12 +18,25 @@ use crate::{errno_of, guard, set_errno};
 #[repr(C)]
 struct Qp {
     c: ibv_qp,
+    /// The posting path most posts take (see [`Poster`]); `None` only while the QP is made.
+    /// Declared before `inner`, which its sender borrows, so it is dropped first.
+    poster: Mutex<Option<Poster>>,
     inner: ferroce::QueuePair,
     /// Signal every send (`sq_sig_all`).
     sig_all: bool,
     caps: QpCaps,
     /// The attributes set so far, for `ibv_query_qp`.
     attr: Mutex<ibv_qp_attr>,
+}
+
+/// A QP's lock-free sender and a work request reused from post to post: a post converts the
+/// program's `ibv_send_wr` into `scratch` without allocating, and a WRITE, READ or atomic to a
+/// same-host peer is then done by the sender without the QP's lock (ferroce's `QpSender`). The
+/// mutex around it is the lock rdma-core's providers take per post (`ibv_post_send` may be
+/// called from any thread); a post that finds it taken goes through the QP itself.
+struct Poster {
+    sender: ferroce::QpSender<'static>,
+    scratch: SendWr,
 }
 
 #[repr(C)]
@@ -144,14 +157,24 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
             port_num: 1,
             ..Default::default()
         };
-        Box::into_raw(Box::new(Qp {
+        let q = Box::new(Qp {
             c,
+            poster: Mutex::new(None),
             inner,
             sig_all: init.sq_sig_all != 0,
             caps,
             attr: Mutex::new(attr),
-        }))
-        .cast()
+        });
+        // SAFETY: `inner` lives in the box's heap allocation, which never moves and is freed
+        // only by `ibv_destroy_qp`; nothing moves or replaces `inner` meanwhile, and `poster`,
+        // which holds the borrow, is dropped before it (field order). So the reference is
+        // valid for as long as anything that holds it.
+        let inner: &'static ferroce::QueuePair = unsafe { &*std::ptr::addr_of!(q.inner) };
+        *q.poster.lock().unwrap_or_else(|e| e.into_inner()) = Some(Poster {
+            sender: inner.sender(),
+            scratch: SendWr::new(0, SendOp::Send, Vec::new()),
+        });
+        Box::into_raw(q).cast()
     })
 }
 
@@ -407,28 +430,38 @@ unsafe extern "C" fn ibv_query_qp(
     })
 }
 
-/// The program's scatter/gather list.
+/// The program's scatter/gather list, into `out` (whose allocation is reused).
 ///
 /// # Safety
 /// `list` must point to `n` SGEs (the verbs contract of a posted work request).
-unsafe fn sges(list: *const ibv_sge, n: libc::c_int) -> Result<Vec<Sge>, i32> {
+unsafe fn sges_into(list: *const ibv_sge, n: libc::c_int, out: &mut Vec<Sge>) -> Result<(), i32> {
+    out.clear();
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(());
     }
     if list.is_null() {
         return Err(libc::EINVAL);
     }
     // SAFETY: the caller's contract.
     let raw = unsafe { std::slice::from_raw_parts(list, n) };
-    Ok(raw
-        .iter()
-        .map(|s| Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        })
-        .collect())
+    out.extend(raw.iter().map(|s| Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }));
+    Ok(())
+}
+
+/// The program's scatter/gather list.
+///
+/// # Safety
+/// As [`sges_into`].
+unsafe fn sges(list: *const ibv_sge, n: libc::c_int) -> Result<Vec<Sge>, i32> {
+    let mut v = Vec::new();
+    // SAFETY: the caller's contract.
+    unsafe { sges_into(list, n, &mut v) }?;
+    Ok(v)
 }
 
 /// The bytes an inline request carries, gathered now (the program may reuse its buffers as
@@ -436,12 +469,13 @@ unsafe fn sges(list: *const ibv_sge, n: libc::c_int) -> Result<Vec<Sge>, i32> {
 ///
 /// # Safety
 /// Each SGE must name `length` readable bytes at `addr` (the verbs contract for inline data).
-unsafe fn gather_inline(sgl: &[Sge], max: u32) -> Result<Vec<u8>, i32> {
+unsafe fn gather_inline(sgl: &[Sge], max: u32, data: &mut Vec<u8>) -> Result<(), i32> {
     let total: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
     if total > u64::from(max) {
         return Err(libc::EINVAL);
     }
-    let mut data = Vec::with_capacity(total as usize);
+    data.clear();
+    data.reserve(total as usize);
     for s in sgl {
         if s.length == 0 {
             continue;
@@ -454,16 +488,16 @@ unsafe fn gather_inline(sgl: &[Sge], max: u32) -> Result<Vec<u8>, i32> {
             std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
         });
     }
-    Ok(data)
+    Ok(())
 }
 
-/// One `ibv_send_wr` as a ferroce request.
+/// One `ibv_send_wr` as a ferroce request, written over `out` (whose allocations are reused).
 ///
 /// # Safety
 /// `w`'s SGE list (and, for inline requests, the memory it names) must be valid.
-unsafe fn send_wr_of(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, i32> {
+unsafe fn send_wr_into(q: &Qp, w: &ibv_send_wr, out: &mut SendWr) -> Result<(), i32> {
     // SAFETY: the caller's contract.
-    let sgl = unsafe { sges(w.sg_list, w.num_sge) }?;
+    unsafe { sges_into(w.sg_list, w.num_sge, &mut out.sgl) }?;
     // SAFETY: each union arm is plain integers; which one the opcode names is read.
     let (imm, rdma, atomic) = unsafe {
         (
@@ -502,28 +536,43 @@ unsafe fn send_wr_of(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, i32> {
             op,
             SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write | SendOp::WriteWithImm(_)
         );
-    let (sgl, inline_data) = if inline {
+    if inline {
+        let mut data = out.inline_data.take().unwrap_or_default();
         // SAFETY: the caller's contract.
-        (
-            Vec::new(),
-            Some(unsafe { gather_inline(&sgl, q.caps.max_inline_data) }?),
-        )
+        unsafe { gather_inline(&out.sgl, q.caps.max_inline_data, &mut data) }?;
+        out.inline_data = Some(data);
+        out.sgl.clear();
     } else {
-        (sgl, None)
+        out.inline_data = None;
+    }
+    out.wr_id = w.wr_id;
+    out.op = op;
+    out.remote_addr = if op.is_rdma() { remote_addr } else { 0 };
+    out.rkey = if op.is_rdma() { rkey } else { 0 };
+    out.flags = SendFlags {
+        signaled: q.sig_all || flags & IBV_SEND_SIGNALED != 0,
+        fence: flags & IBV_SEND_FENCE != 0,
+        solicited: flags & IBV_SEND_SOLICITED != 0,
     };
-    Ok(SendWr {
-        wr_id: w.wr_id,
-        op,
-        sgl,
-        inline_data,
-        remote_addr: if op.is_rdma() { remote_addr } else { 0 },
-        rkey: if op.is_rdma() { rkey } else { 0 },
-        flags: SendFlags {
-            signaled: q.sig_all || flags & IBV_SEND_SIGNALED != 0,
-            fence: flags & IBV_SEND_FENCE != 0,
-            solicited: flags & IBV_SEND_SOLICITED != 0,
-        },
-    })
+    Ok(())
+}
+
+/// Posts one `ibv_send_wr`: through the QP's [`Poster`] unless another thread holds it.
+///
+/// # Safety
+/// As [`send_wr_into`].
+unsafe fn post_one_send(q: &Qp, w: &ibv_send_wr) -> Result<(), i32> {
+    if let Ok(mut guard) = q.poster.try_lock() {
+        if let Some(p) = guard.as_mut() {
+            // SAFETY: the caller's contract.
+            unsafe { send_wr_into(q, w, &mut p.scratch) }?;
+            return p.sender.post_send(&p.scratch).map_err(|e| errno_of(&e));
+        }
+    }
+    let mut req = SendWr::new(0, SendOp::Send, Vec::new());
+    // SAFETY: the caller's contract.
+    unsafe { send_wr_into(q, w, &mut req) }?;
+    q.inner.post_send(req).map_err(|e| errno_of(&e))
 }
 
 /// Walks a C list of work requests, posting each with `post`; on the first failure points
@@ -564,17 +613,7 @@ pub(crate) unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         // SAFETY: per the API, a valid list and output.
-        unsafe {
-            post_list(
-                wr,
-                bad,
-                |w| w.next,
-                |w| {
-                    let req = send_wr_of(q, w)?;
-                    q.inner.post_send(req).map_err(|e| errno_of(&e))
-                },
-            )
-        }
+        unsafe { post_list(wr, bad, |w| w.next, |w| post_one_send(q, w)) }
     })
 }
 

@@ -156,6 +156,20 @@ impl ContextShared {
         }
     }
 
+    /// Ends an application thread's hand-over after its poll returned completions, if the
+    /// context asks for that (see [`crate::ContextOptions::hand_back_at_completion`]): the
+    /// engine thread, asleep on its doorbell alone meanwhile, is woken to read the socket.
+    #[inline]
+    pub(crate) fn hand_back(&self) {
+        if self.hand_back_at_completion
+            && self.app_polling_until.load(Ordering::Acquire) != 0
+            && self.app_polling_until.swap(0, Ordering::AcqRel) != 0
+            && self.sleeping.load(Ordering::SeqCst)
+        {
+            self.doorbell_fd.notify();
+        }
+    }
+
     /// After a post: transmit now if the engine is free, else make sure it wakes.
     pub(crate) fn doorbell(&self, qp: &Arc<QpShared>) {
         match self.engine.try_lock() {

@@ -45,6 +45,15 @@ pub struct ContextOptions {
     /// spin on memory a peer WRITEs (perftest's `ib_write_lat`): between their polls nobody
     /// would read the socket for the whole grace period. Default: on.
     pub hand_over_to_polling_app: bool,
+    /// With [`hand_over_to_polling_app`](Self::hand_over_to_polling_app): a CQ poll that
+    /// returns completions ends the hand-over at once (the engine thread reads the socket
+    /// again), since a program that got what it polled for may wait some other way next —
+    /// `ib_write_lat` polls for its WRITE's completion, then spins on memory for the peer's.
+    /// Without it the engine would stay off the socket for the whole grace period; without the
+    /// hand-over at all, the engine thread and the polling thread would take turns at one
+    /// socket, and on a small machine every packet's wake-up would preempt a spinning
+    /// application. Default: off.
+    pub hand_back_at_completion: bool,
     /// When a same-host peer process goes away (or resets its QP), move QPs linked to it to
     /// ERR at once, even those with nothing to send (default), so the failure is seen fast. Off,
     /// an idle QP stays as it is, as on a fabric, where it could not tell: rdma-core programs
@@ -102,6 +111,7 @@ impl Default for ContextOptions {
             provider: Provider::from_env().unwrap_or_default(),
             host_slot: false,
             hand_over_to_polling_app: true,
+            hand_back_at_completion: false,
             fail_idle_qps_when_peer_goes: true,
             adopt_registered_pages: false,
         }
@@ -134,6 +144,8 @@ pub(crate) struct ContextShared {
     pub app_polling_until: AtomicU64,
     /// See [`ContextOptions::hand_over_to_polling_app`].
     pub hand_over_to_polling_app: bool,
+    /// See [`ContextOptions::hand_back_at_completion`].
+    pub hand_back_at_completion: bool,
     /// See [`ContextOptions::fail_idle_qps_when_peer_goes`].
     pub fail_idle_qps_when_peer_goes: bool,
     /// See [`ContextOptions::adopt_registered_pages`].
@@ -309,6 +321,8 @@ impl Context {
             shutdown: AtomicBool::new(false),
             app_polling_until: AtomicU64::new(0),
             hand_over_to_polling_app: options.hand_over_to_polling_app,
+            hand_back_at_completion: options.hand_over_to_polling_app
+                && options.hand_back_at_completion,
             fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
             adopt_registered_pages: options.adopt_registered_pages,
             epoch: std::time::Instant::now(),

@@ -220,12 +220,15 @@ impl CompletionQueue {
     /// When none is waiting, drives the engine once inline first. An overflow is reported once
     /// as [`Error::CqOverflow`]; no completion is dropped.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let n = self.take(out)?;
-        if n > 0 || out.is_empty() {
-            return Ok(n);
+        let mut n = self.take(out)?;
+        if n == 0 && !out.is_empty() {
+            self.ctx.shared.progress_inline();
+            n = self.take(out)?;
         }
-        self.ctx.shared.progress_inline();
-        self.take(out)
+        if n > 0 {
+            self.ctx.shared.hand_back();
+        }
+        Ok(n)
     }
 
     /// The next completion, if any.
