@@ -89,4 +89,6 @@ pub struct WorkCompletion {
     pub qp_num: u32,
     /// Whether the message asked for a solicited event.
     pub solicited: bool,
+    /// The sending QP of a datagram a UD QP received (its DETH's source QPN); `None` on RC.
+    pub src_qp: Option<u32>,
 }

@@ -408,6 +408,7 @@ impl QueuePair {
                 invalidated_rkey: None,
                 qp_num: self.params.qpn,
                 solicited: false,
+                src_qp: None,
             });
             return Ok(());
         }

@@ -195,6 +195,7 @@ fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkC
         invalidated_rkey: None,
         qp_num: p.qpn,
         solicited: false,
+        src_qp: None,
     }
 }
 

@@ -182,6 +182,7 @@ fn recv_completion(p: &Params, wr_id: u64, status: WcStatus, opcode: WcOpcode) -
         invalidated_rkey: None,
         qp_num: p.qpn,
         solicited: false,
+        src_qp: None,
     }
 }
 

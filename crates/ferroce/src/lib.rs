@@ -73,6 +73,7 @@ pub use verbs::pd::ProtectionDomain;
 pub use verbs::qp::{ConnectOptions, QpInitAttr, QueuePair};
 pub use verbs::sender::{QpSender, SendRequest};
 pub use verbs::srq::SharedReceiveQueue;
+pub use verbs::ud::{AddressHandle, UdQueuePair, UdSendWr, GRH_LEN, UD_MTU};
 
 pub use ferroce_proto::{
     Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr,

@@ -999,3 +999,166 @@ fn shared_mappings_are_not_adopted() {
     // SAFETY: the mapping made above; nothing uses it any more.
     unsafe { libc::munmap(p, 2 * PAGE) };
 }
+
+// ---- unreliable datagram QPs ------------------------------------------------------------------
+
+fn ud_qp(s: &Side, qkey: u32) -> ferroce::UdQueuePair {
+    let q =
+        s.pd.create_ud_qp(&QpInitAttr::new(
+            &s.cq,
+            QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                ..QpCaps::default()
+            },
+        ))
+        .unwrap();
+    q.modify_to_init(qkey).unwrap();
+    q.modify_to_rtr().unwrap();
+    q.modify_to_rts(ferroce::Psn::new(7)).unwrap();
+    q
+}
+
+/// UD datagrams between two contexts: every size up to the MTU arrives byte for byte after a
+/// GRH naming the sender's address, with the sender's QPN and immediate data; what IBTA says
+/// to drop (wrong Q_Key, no receive posted) is dropped and counted; a receive too small
+/// completes with a length error; a bad local key fails the send and stops the send queue
+/// (SQE) until RTS again; ERR flushes receives.
+#[test]
+fn ud_datagrams_arrive_whole_or_are_dropped_as_ibta_says() {
+    let (a, b) = (side(Provider::Udp), side(Provider::Udp));
+    let (qa, qb) = (ud_qp(&a, 0x1111), ud_qp(&b, 0x2222));
+    let ah =
+        a.pd.create_ah_with_port(b.ctx.gid(), b.ctx.local_addr().port())
+            .unwrap();
+    let src = mr(&a, ferroce::UD_MTU);
+    let dst = mr(&b, ferroce::GRH_LEN + ferroce::UD_MTU);
+    let send = |id: u64, len: usize, qkey: u32, imm: Option<u32>| ferroce::UdSendWr {
+        wr_id: id,
+        ah,
+        remote_qpn: qb.qpn(),
+        remote_qkey: qkey,
+        imm_data: imm,
+        sgl: sgl(&src, len),
+        inline_data: None,
+        signaled: true,
+        solicited: false,
+    };
+    let recv = |id: u64| {
+        qb.post_recv(RecvWr {
+            wr_id: id,
+            sgl: vec![dst.sge_all().unwrap()],
+        })
+        .unwrap()
+    };
+    for (i, len) in [0usize, 1, 100, 1023, ferroce::UD_MTU]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(i, len);
+        src.write(0, &data).unwrap();
+        dst.fill(0, dst.len(), 0xEE).unwrap();
+        recv(i as u64);
+        let imm = (i % 2 == 1).then_some(0xabc0 + i as u32);
+        qa.post_send(&send(i as u64, len, 0x2222, imm)).unwrap();
+        let wc = a.cq.wait(1, T).unwrap()[0];
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+            (i as u64, WcStatus::Success, WcOpcode::Send, len as u32)
+        );
+        let wc = b.cq.wait(1, T).unwrap()[0];
+        assert_eq!(
+            (
+                wc.wr_id,
+                wc.status,
+                wc.opcode,
+                wc.byte_len,
+                wc.src_qp,
+                wc.imm_data
+            ),
+            (
+                i as u64,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                (ferroce::GRH_LEN + len) as u32,
+                Some(qa.qpn()),
+                imm
+            ),
+            "datagram of {len} bytes"
+        );
+        let got = dst.to_vec(0, ferroce::GRH_LEN + len).unwrap();
+        // The GRH's last 20 bytes are the IPv4 header: version 4, UDP, from A to B.
+        let ip = &got[20..40];
+        assert_eq!((ip[0], ip[9]), (0x45, 17));
+        assert_eq!(ip[12..16], [127, 0, 0, 1]);
+        assert!(got[ferroce::GRH_LEN..] == data, "{len} bytes differ");
+    }
+    // The wrong Q_Key, and no receive posted: both dropped and counted.
+    let dropped = b.ctx.counters().ud_dropped;
+    recv(100);
+    qa.post_send(&send(100, 8, 0x3333, None)).unwrap();
+    assert_eq!(a.cq.wait(1, T).unwrap()[0].status, WcStatus::Success);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        b.cq.poll_one().unwrap().is_none(),
+        "a wrong Q_Key was received"
+    );
+    assert_eq!(b.ctx.counters().ud_dropped, dropped + 1);
+    // A Q_Key with its top bit set means the sender's own: 0x1111, not B's.
+    qa.post_send(&send(101, 8, 0x8000_0000, None)).unwrap();
+    a.cq.wait(1, T).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(b.ctx.counters().ud_dropped, dropped + 2);
+    // The receive posted above takes the next right one.
+    qa.post_send(&send(102, 8, 0x2222, None)).unwrap();
+    a.cq.wait(1, T).unwrap();
+    assert_eq!(b.cq.wait(1, T).unwrap()[0].wr_id, 100);
+    qa.post_send(&send(103, 8, 0x2222, None)).unwrap();
+    a.cq.wait(1, T).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        b.ctx.counters().ud_dropped,
+        dropped + 3,
+        "no receive posted"
+    );
+    // A receive too small for GRH + datagram.
+    qb.post_recv(RecvWr {
+        wr_id: 200,
+        sgl: vec![dst.sge(0, ferroce::GRH_LEN + 4).unwrap()],
+    })
+    .unwrap();
+    qa.post_send(&send(104, 8, 0x2222, None)).unwrap();
+    a.cq.wait(1, T).unwrap();
+    let wc = b.cq.wait(1, T).unwrap()[0];
+    assert_eq!((wc.wr_id, wc.status), (200, WcStatus::LocalLengthError));
+    // More than the MTU is refused at the post.
+    let big = mr(&a, ferroce::UD_MTU + 1);
+    let mut too_big = send(105, 0, 0x2222, None);
+    too_big.sgl = vec![big.sge_all().unwrap()];
+    assert!(qa.post_send(&too_big).is_err());
+    // A bad local key: a local protection error, the send queue stops (SQE) until RTS.
+    let mut bad = send(106, 8, 0x2222, None);
+    bad.sgl[0].lkey ^= 0x100;
+    qa.post_send(&bad).unwrap();
+    let wc = a.cq.wait(1, T).unwrap()[0];
+    assert_eq!((wc.wr_id, wc.status), (106, WcStatus::LocalProtectionError));
+    assert_eq!(qa.state(), ferroce::QpState::Sqe);
+    assert!(qa.post_send(&send(107, 8, 0x2222, None)).is_err());
+    qa.modify_to_rts(ferroce::Psn::new(0)).unwrap();
+    recv(300);
+    qa.post_send(&send(108, 8, 0x2222, None)).unwrap();
+    a.cq.wait(1, T).unwrap();
+    assert_eq!(b.cq.wait(1, T).unwrap()[0].wr_id, 300);
+    // ERR flushes the receives still posted, in order.
+    recv(400);
+    recv(401);
+    qb.modify_to_error();
+    let wcs = b.cq.wait(2, T).unwrap();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [
+            (400, WcStatus::WorkRequestFlushed),
+            (401, WcStatus::WorkRequestFlushed)
+        ]
+    );
+}

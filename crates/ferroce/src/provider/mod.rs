@@ -60,6 +60,7 @@ use std::str::FromStr;
 pub(crate) use crate::verbs::context::ContextShared;
 pub(crate) use crate::verbs::mr::{apply_atomic, copy_bytes, EngineMemory, MrInner};
 pub(crate) use crate::verbs::qp_core::{QpCore, QpShared};
+pub(crate) use crate::verbs::ud::receive_datagram;
 
 // ---- what the verbs layer may name of the providers ---------------------------------------
 
@@ -67,7 +68,7 @@ pub(crate) use engine::{flush_held_ack, route_completions, send_owed, DeferredAc
 pub(crate) use shm::adopt::{adopt, release as release_adopted, AdoptedPages};
 pub(crate) use shm::map::SharedMap;
 pub(crate) use shm::{direct, shortcut, Link, PeerMemory, ShmHost, ShmQp};
-pub(crate) use udp::{QpSocket, UdpPort};
+pub(crate) use udp::{send_datagram, QpSocket, UdpPort};
 
 /// Which provider moves a QP's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
@@ -15,6 +15,7 @@ use super::device::{Device, Gid};
 use super::mr::MrTable;
 use super::pd::ProtectionDomain;
 use super::qp_core::QpShared;
+use super::ud::UdShared;
 use crate::error::{Error, Result};
 use crate::os::EventFd;
 use crate::provider::{engine, flush_held_ack, EngineState, Provider, ShmHost, UdpPort};
@@ -137,6 +138,10 @@ pub(crate) struct ContextShared {
     pub mrs: MrTable,
     pub qps: RwLock<HashMap<u32, Arc<QpShared>>>,
     pub qps_generation: AtomicU64,
+    /// The UD QPs, by number (they share the QPN space with `qps`).
+    pub ud_qps: RwLock<HashMap<u32, Arc<UdShared>>>,
+    /// Whether `ud_qps` holds any (read on every receive pass, without the lock).
+    pub ud_qp_count: AtomicUsize,
     pub doorbell_fd: EventFd,
     pub sleeping: AtomicBool,
     pub shutdown: AtomicBool,
@@ -169,6 +174,35 @@ pub(crate) struct ContextShared {
 
 impl ContextShared {
     /// The QP numbered `qpn`, if it is alive.
+    /// The UD QP of number `qpn`.
+    pub(crate) fn ud_qp(&self, qpn: u32) -> Option<Arc<UdShared>> {
+        if self.ud_qp_count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.ud_qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned()
+    }
+
+    /// Whether the context has UD QPs (whose datagrams come over UDP whatever the provider).
+    pub(crate) fn has_ud_qps(&self) -> bool {
+        self.ud_qp_count.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn add_ud_qp(&self, qp: Arc<UdShared>) {
+        let mut m = self.ud_qps.write().unwrap_or_else(|e| e.into_inner());
+        m.insert(qp.qpn, qp);
+        self.ud_qp_count.store(m.len(), Ordering::Release);
+    }
+
+    pub(crate) fn remove_ud_qp(&self, qpn: u32) {
+        let mut m = self.ud_qps.write().unwrap_or_else(|e| e.into_inner());
+        m.remove(&qpn);
+        self.ud_qp_count.store(m.len(), Ordering::Release);
+    }
+
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
         self.qps
             .read()
@@ -195,10 +229,14 @@ impl ContextShared {
         };
         let base = slot * host_slot::QPNS_PER_SLOT;
         let live = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let live_ud = self.ud_qps.read().unwrap_or_else(|e| e.into_inner());
         for _ in 0..host_slot::QPNS_PER_SLOT {
             let qpn =
                 base + self.next_qpn.fetch_add(1, Ordering::Relaxed) % host_slot::QPNS_PER_SLOT;
-            if qpn >= host_slot::FIRST_QPN && !live.contains_key(&qpn) {
+            if qpn >= host_slot::FIRST_QPN
+                && !live.contains_key(&qpn)
+                && !live_ud.contains_key(&qpn)
+            {
                 return Ok(qpn);
             }
         }
@@ -316,6 +354,8 @@ impl Context {
             mrs: MrTable::default(),
             qps: RwLock::new(HashMap::new()),
             qps_generation: AtomicU64::new(0),
+            ud_qps: RwLock::new(HashMap::new()),
+            ud_qp_count: AtomicUsize::new(0),
             doorbell_fd: EventFd::new().map_err(|e| Error::io("creating the doorbell", e))?,
             sleeping: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -435,6 +475,7 @@ impl Context {
             wrong_source: l(&c.wrong_source),
             send_errors: l(&c.send_errors),
             direct_ops,
+            ud_dropped: l(&c.ud_dropped),
             qps,
         }
     }

@@ -19,6 +19,7 @@ pub(crate) struct EngineCounters {
     pub send_errors: AtomicU64,
     /// Direct one-sided operations of QPs already destroyed (live QPs keep their own count).
     pub direct_ops: AtomicU64,
+    pub ud_dropped: AtomicU64,
 }
 
 /// A snapshot of a context's counters: its packet path (every datagram the socket saw, and
@@ -58,6 +59,9 @@ pub struct ContextCounters {
     /// a same-host peer's memory: no packet was made for them, so no other counter saw them.
     /// A [`crate::QpSender`]'s are counted once it is dropped.
     pub direct_ops: u64,
+    /// Datagrams a UD QP dropped as IBTA says it must: Q_Key mismatch, no receive posted, QP
+    /// not receiving.
+    pub ud_dropped: u64,
     /// The transport counters of every QP of the context, live and destroyed, summed.
     pub qps: Counters,
 }
@@ -78,6 +82,7 @@ impl ContextCounters {
             wrong_source,
             send_errors,
             direct_ops,
+            ud_dropped,
             qps,
         } = *self;
         let mut v = vec![
@@ -92,6 +97,7 @@ impl ContextCounters {
             ("wrong_source", wrong_source),
             ("send_err", send_errors),
             ("shm_direct_ops", direct_ops),
+            ("ud_dropped", ud_dropped),
         ];
         v.extend(qps.named());
         v

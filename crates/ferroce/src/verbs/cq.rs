@@ -291,5 +291,6 @@ pub fn empty_wc() -> WorkCompletion {
         invalidated_rkey: None,
         qp_num: 0,
         solicited: false,
+        src_qp: None,
     }
 }

@@ -27,3 +27,4 @@ pub(crate) mod qp;
 pub(crate) mod qp_core;
 pub(crate) mod sender;
 pub(crate) mod srq;
+pub(crate) mod ud;

@@ -12,6 +12,7 @@ use super::mr::{MemoryRegion, MrInner};
 use super::qp::{QpInitAttr, QueuePair};
 use super::qp_core::{CoreLock, QpCore, QpShared};
 use super::srq::SharedReceiveQueue;
+use super::ud::{address_handle, AddressHandle, UdQueuePair, UdShared};
 use crate::error::{Error, Result};
 use crate::provider::{QpSocket, ShmQp};
 
@@ -53,6 +54,42 @@ impl ProtectionDomain {
             unsafe { MrInner::borrowed(ptr, len, access, self.id) }
         };
         MemoryRegion::new(inner, self.ctx.clone())
+    }
+
+    /// Creates an unreliable datagram QP in the RESET state (`attr`'s CQs, capacities and
+    /// shared receive queue as for an RC QP).
+    pub fn create_ud_qp(&self, attr: &QpInitAttr<'_>) -> Result<UdQueuePair> {
+        let shared = &self.ctx.shared;
+        if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx)
+        {
+            return Err(Error::Mismatch("a completion queue"));
+        }
+        let qpn = shared.allocate_qpn()?;
+        let socket = QpSocket::open(shared.local.ip())?;
+        let ud = Arc::new(UdShared::new(
+            qpn,
+            self.id,
+            attr.caps,
+            attr.send_cq.inner.clone(),
+            attr.recv_cq.inner.clone(),
+            attr.srq.map(|s| s.inner.clone()),
+            socket,
+        ));
+        shared.add_ud_qp(ud.clone());
+        Ok(UdQueuePair::new(ud, self.ctx.clone()))
+    }
+
+    /// An address handle for UD sends to `gid`: to the standard port 4791, or — from a context
+    /// opened with [`crate::ContextOptions::host_slot`] to a GID of this host — to the port the
+    /// destination QPN names.
+    pub fn create_ah(&self, gid: std::net::Ipv6Addr) -> Result<AddressHandle> {
+        address_handle(self.ctx.shared.local.ip(), gid, None)
+    }
+
+    /// An address handle for UD sends to `gid` at the UDP port `port` (a ferroce context on
+    /// another port than 4791).
+    pub fn create_ah_with_port(&self, gid: std::net::Ipv6Addr, port: u16) -> Result<AddressHandle> {
+        address_handle(self.ctx.shared.local.ip(), gid, Some(port))
     }
 
     /// Creates a shared receive queue.

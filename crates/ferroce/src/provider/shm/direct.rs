@@ -135,6 +135,7 @@ pub(crate) fn completion(wr: &SendWr, opcode: WcOpcode, qpn: u32) -> WorkComplet
         invalidated_rkey: None,
         qp_num: qpn,
         solicited: false,
+        src_qp: None,
     }
 }
 

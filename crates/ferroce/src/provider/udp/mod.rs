@@ -188,6 +188,7 @@ pub(crate) fn receive(
     // empty CQ poll of a busy-polling application).
     let due = qps.is_empty()
         || qps.iter().any(|q| q.shm_linked().is_none())
+        || shared.has_ud_qps()
         || now.as_nanos().saturating_sub(r.polled) >= SHM_ONLY_UDP_POLL.as_nanos() as u64;
     if !due {
         return false;
@@ -270,6 +271,33 @@ pub(crate) fn transmit(
     }
 }
 
+/// Sends one packet of a UD QP from its socket `from` to `peer`: sealed, recorded in the
+/// capture, counted. A datagram that cannot leave is lost, as UD allows (counted as a send
+/// error).
+pub(crate) fn send_datagram(
+    shared: &ContextShared,
+    from: &QpSocket,
+    peer: SocketAddr,
+    buf: &mut Vec<u8>,
+) {
+    let mut h = UdpFrameHeaders::roce(shared.local.ip(), from.port, peer.ip());
+    h.dst_port = peer.port();
+    let lens = [buf.len()];
+    let bufs = std::slice::from_mut(buf);
+    seal(&mut h, bufs, &lens, false);
+    record(shared, &mut h, bufs, &lens, false);
+    let c = &shared.counters;
+    match sys::send_batch(from.fd(), bufs, &lens, &peer) {
+        Ok(1) => {
+            c.tx_packets.fetch_add(1, Ordering::Relaxed);
+            c.tx_bytes.fetch_add(lens[0] as u64, Ordering::Relaxed);
+        }
+        _ => {
+            c.send_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Checks one datagram and hands it to its QP.
 fn deliver(
     shared: &ContextShared,
@@ -312,6 +340,12 @@ fn deliver(
         return;
     }
     let qpn = pkt.bth().dest_qpn();
+    if pkt.opcode().transport_bits() == ferroce_wire::opcode::Transport::Ud {
+        if !crate::provider::receive_datagram(shared, &pkt, from.ip()) {
+            c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
     let Some(qp) = last_qp.get(shared, qpn) else {
         c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         return;
