@@ -24,6 +24,8 @@ pub(crate) struct Cq {
     pub c: ibv_cq,
     pub inner: ferroce::CompletionQueue,
     channel: *mut Channel,
+    /// What a UD receive's `sl` says of the datagram's L3 header (see [`to_ibv_wc`]).
+    ud_l3_type: u8,
 }
 
 impl Cq {
@@ -132,6 +134,11 @@ unsafe extern "C" fn ibv_create_cq(
             },
             inner,
             channel: ch,
+            ud_l3_type: if ferroce::ip_of(c.ctx.gid()).is_ipv4() {
+                L3_IPV4
+            } else {
+                L3_IPV6
+            },
         }));
         if let Some(h) = ch_ref {
             h.cqs
@@ -291,9 +298,15 @@ fn wc_opcode(o: WcOpcode) -> ibv_wc_opcode {
     }
 }
 
+/// RoCE v2 datagram types, as RoCE NICs report them in a UD receive's `sl` (a service level
+/// means nothing on Ethernet): UCX reads it to find the destination address in the GRH.
+const L3_IPV6: u8 = 0x1;
+const L3_IPV4: u8 = 0x2;
+
 /// A ferroce completion as rdma-core's `ibv_wc`. The immediate is in network byte order, as
-/// on the wire and as programs expect (they `ntohl` it).
-pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
+/// on the wire and as programs expect (they `ntohl` it). A UD receive's `sl` is
+/// `ud_l3_type`.
+pub(crate) fn to_ibv_wc(w: &WorkCompletion, ud_l3_type: u8) -> ibv_wc {
     let mut flags = 0;
     let mut imm_or_rkey = 0u32;
     if let Some(imm) = w.imm_data {
@@ -302,6 +315,12 @@ pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     } else if let Some(rkey) = w.invalidated_rkey {
         flags |= IBV_WC_WITH_INV;
         imm_or_rkey = rkey;
+    }
+    // A UD receive: its buffer starts with the GRH.
+    let mut sl = 0;
+    if w.src_qp.is_some() {
+        flags |= IBV_WC_GRH;
+        sl = ud_l3_type;
     }
     ibv_wc {
         wr_id: w.wr_id,
@@ -313,11 +332,11 @@ pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
             invalidated_rkey: imm_or_rkey,
         },
         qp_num: w.qp_num,
-        src_qp: 0,
+        src_qp: w.src_qp.unwrap_or(0),
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl,
         dlid_path_bits: 0,
     }
 }
@@ -343,7 +362,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
             return match q.inner.poll_one() {
                 Ok(Some(w)) => {
                     // SAFETY: the caller's array holds at least one entry.
-                    unsafe { *wc = to_ibv_wc(&w) };
+                    unsafe { *wc = to_ibv_wc(&w, q.ud_l3_type) };
                     1
                 }
                 Ok(None) => 0,
@@ -366,7 +385,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
             };
             for (i, w) in buf[..n].iter().enumerate() {
                 // SAFETY: done + i < want = the caller's array length.
-                unsafe { *wc.add(done + i) = to_ibv_wc(w) };
+                unsafe { *wc.add(done + i) = to_ibv_wc(w, q.ud_l3_type) };
             }
             done += n;
             if n < chunk {

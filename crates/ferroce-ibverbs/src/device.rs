@@ -362,6 +362,7 @@ fn device_attr(c: &Context) -> ibv_device_attr {
         max_srq_wr: limits::MAX_QP_WR as i32,
         max_srq_sge: limits::MAX_SGE as u16 as i32,
         max_pkeys: 1,
+        max_ah: 1 << 16,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,
         ..Default::default()

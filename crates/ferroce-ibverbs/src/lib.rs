@@ -86,6 +86,7 @@ mod mr;
 mod qp;
 mod rdmacm;
 mod strings;
+mod ud;
 mod unsupported;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

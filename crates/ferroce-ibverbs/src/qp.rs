@@ -49,8 +49,10 @@ struct Srq {
 /// # Safety
 /// `qp` must be a QP this library returned and not yet destroyed.
 unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-    // SAFETY: `c` is the first field of the repr(C) `Qp`.
-    unsafe { qp.cast::<Qp>().as_ref() }
+    // SAFETY: the caller's contract; every QP this library makes starts with its `ibv_qp`.
+    let c = unsafe { qp.as_ref() }?;
+    // SAFETY: `c` is the first field of the repr(C) `Qp` for a QP made as RC.
+    (c.qp_type == IBV_QPT_RC).then(|| unsafe { &*qp.cast::<Qp>() })
 }
 
 /// # Safety
@@ -84,7 +86,7 @@ fn caps_of(cap: &ibv_qp_cap) -> Result<QpCaps, i32> {
     })
 }
 
-fn c_caps(caps: &QpCaps) -> ibv_qp_cap {
+pub(crate) fn c_caps(caps: &QpCaps) -> ibv_qp_cap {
     ibv_qp_cap {
         max_send_wr: caps.max_send_wr,
         max_recv_wr: caps.max_recv_wr,
@@ -103,7 +105,7 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };
-        if init.qp_type != IBV_QPT_RC {
+        if init.qp_type != IBV_QPT_RC && init.qp_type != IBV_QPT_UD {
             set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
         }
@@ -132,6 +134,9 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
             caps,
             srq: srq.map(|s| &s.inner),
         };
+        if init.qp_type == IBV_QPT_UD {
+            return crate::ud::create(p, pd, init, &attr);
+        }
         let inner = match p.inner.create_qp(&attr) {
             Ok(q) => q,
             Err(e) => {
@@ -186,7 +191,13 @@ unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> libc::c_int {
             return libc::EINVAL;
         }
         // SAFETY: per the API, a QP from ibv_create_qp, destroyed once.
-        drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+        unsafe {
+            if crate::ud::is_ud(qp) {
+                crate::ud::destroy(qp);
+            } else {
+                drop(Box::from_raw(qp.cast::<Qp>()));
+            }
+        }
         0
     })
 }
@@ -202,7 +213,7 @@ fn path_mtu_of(code: ibv_mtu) -> Option<PathMtu> {
     })
 }
 
-fn state_code(s: QpState) -> ibv_qp_state {
+pub(crate) fn state_code(s: QpState) -> ibv_qp_state {
     match s {
         QpState::Reset => IBV_QPS_RESET,
         QpState::Init => IBV_QPS_INIT,
@@ -376,11 +387,15 @@ unsafe extern "C" fn ibv_modify_qp(
 ) -> libc::c_int {
     guard(libc::EFAULT, || {
         let qp_mut = qp;
+        let mask = mask as u32;
+        // SAFETY: per the API.
+        if let (Some(q), Some(a)) = (unsafe { crate::ud::ud_of(qp) }, unsafe { attr.as_ref() }) {
+            return crate::ud::modify_qp(qp, q, a, mask);
+        }
         // SAFETY: per the API.
         let (Some(q), Some(a)) = (unsafe { qp_of(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
-        let mask = mask as u32;
         if let Err(e) = modify(q, a, mask) {
             return e;
         }
@@ -404,6 +419,12 @@ unsafe extern "C" fn ibv_query_qp(
     init: *mut ibv_qp_init_attr,
 ) -> libc::c_int {
     guard(libc::EFAULT, || {
+        // SAFETY: per the API.
+        if let (Some(q), Some(out)) = (unsafe { crate::ud::ud_of(qp) }, unsafe { attr.as_mut() }) {
+            // SAFETY: per the API, NULL or the caller's structure.
+            crate::ud::query_qp(q, out, unsafe { init.as_mut() });
+            return 0;
+        }
         // SAFETY: per the API.
         let (Some(q), Some(out)) = (unsafe { qp_of(qp) }, unsafe { attr.as_mut() }) else {
             return libc::EINVAL;
@@ -457,7 +478,7 @@ unsafe fn sges_into(list: *const ibv_sge, n: libc::c_int, out: &mut Vec<Sge>) ->
 ///
 /// # Safety
 /// As [`sges_into`].
-unsafe fn sges(list: *const ibv_sge, n: libc::c_int) -> Result<Vec<Sge>, i32> {
+pub(crate) unsafe fn sges(list: *const ibv_sge, n: libc::c_int) -> Result<Vec<Sge>, i32> {
     let mut v = Vec::new();
     // SAFETY: the caller's contract.
     unsafe { sges_into(list, n, &mut v) }?;
@@ -469,7 +490,7 @@ unsafe fn sges(list: *const ibv_sge, n: libc::c_int) -> Result<Vec<Sge>, i32> {
 ///
 /// # Safety
 /// Each SGE must name `length` readable bytes at `addr` (the verbs contract for inline data).
-unsafe fn gather_inline(sgl: &[Sge], max: u32, data: &mut Vec<u8>) -> Result<(), i32> {
+pub(crate) unsafe fn gather_inline(sgl: &[Sge], max: u32, data: &mut Vec<u8>) -> Result<(), i32> {
     let total: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
     if total > u64::from(max) {
         return Err(libc::EINVAL);
@@ -609,6 +630,11 @@ pub(crate) unsafe extern "C" fn post_send(
 ) -> libc::c_int {
     guard(libc::EFAULT, || {
         // SAFETY: per the API.
+        if let Some(q) = unsafe { crate::ud::ud_of(qp) } {
+            // SAFETY: per the API, a valid list and output.
+            return unsafe { post_list(wr, bad, |w| w.next, |w| crate::ud::post_send(q, w)) };
+        }
+        // SAFETY: per the API.
         let Some(q) = (unsafe { qp_of(qp) }) else {
             return libc::EINVAL;
         };
@@ -656,6 +682,11 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> libc::c_int {
     guard(libc::EFAULT, || {
+        // SAFETY: per the API: a QP of ours, a valid list and output.
+        if let Some(u) = unsafe { crate::ud::ud_of(qp) } {
+            // SAFETY: as above.
+            return unsafe { post_recv_list(wr, bad, |r| u.inner.post_recv(r)) };
+        }
         // SAFETY: per the API: a QP of ours, a valid list and output.
         match unsafe { qp_of(qp) } {
             Some(q) => unsafe { post_recv_list(wr, bad, |r| q.inner.post_recv(r)) },

@@ -15,8 +15,6 @@ use std::ffi::c_char;
 returns_errno!(
     ibv_attach_mcast,
     ibv_detach_mcast,
-    ibv_destroy_ah,
-    ibv_init_ah_from_wc,
     ibv_resolve_eth_l2_from_gid,
     ibv_query_ece,
     ibv_set_ece,
@@ -83,8 +81,6 @@ returns_errno!(
 );
 
 returns_null!(
-    ibv_create_ah,
-    ibv_create_ah_from_wc,
     ibv_import_device,
     ibv_import_mr,
     ibv_import_pd,
