@@ -161,8 +161,16 @@ impl ContextShared {
     /// engine thread, asleep on its doorbell alone meanwhile, is woken to read the socket.
     #[inline]
     pub(crate) fn hand_back(&self) {
-        if self.hand_back_at_completion
-            && self.app_polling_until.load(Ordering::Acquire) != 0
+        if self.hand_back_at_completion {
+            self.end_hand_over();
+        }
+    }
+
+    /// Ends an application thread's hand-over now: it is about to wait for a completion
+    /// event (it armed a CQ), so nobody would read the socket until the grace period ran out.
+    #[inline]
+    pub(crate) fn end_hand_over(&self) {
+        if self.app_polling_until.load(Ordering::Acquire) != 0
             && self.app_polling_until.swap(0, Ordering::AcqRel) != 0
             && self.sleeping.load(Ordering::SeqCst)
         {
@@ -315,10 +323,15 @@ fn transmit_qp(
             }
             // What was just made may have armed the retransmission timer; idle passes only
             // look at the QPs when a deadline they know of is due, so make it known.
+            // A full ring stops this QP's packets until the peer drains it, and the peer does
+            // not say when: look again soon (a READ response or a SEND longer than the ring
+            // would otherwise wait for the next unrelated event, or a retransmission timer).
+            let ring_full = shm.is_some() && take == 0;
             st.next_deadline = [
                 st.next_deadline,
                 q.next_timeout(),
                 held_ack.map(|h| h.deadline),
+                ring_full.then(|| now + RING_FULL_RETRY),
             ]
             .into_iter()
             .flatten()
@@ -470,6 +483,9 @@ fn engine_pass(shared: &ContextShared, app_driving: bool) -> (bool, Option<Insta
         Err(_) => (false, Some(now + BUSY_RECHECK)),
     }
 }
+
+/// How soon a QP whose peer's ring was full tries again.
+const RING_FULL_RETRY: Duration = Duration::from_micros(20);
 
 /// How soon the engine thread looks again when it found the engine lock taken.
 const BUSY_RECHECK: Duration = Duration::from_micros(100);

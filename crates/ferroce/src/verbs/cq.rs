@@ -266,6 +266,9 @@ impl CompletionQueue {
             ARMED_ANY
         };
         self.inner.armed.store(mode, Ordering::Release);
+        // Whoever arms a CQ waits for its event next, not by polling: the engine must read the
+        // socket again at once.
+        self.ctx.shared.end_hand_over();
         Ok(())
     }
 

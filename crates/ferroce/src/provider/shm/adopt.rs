@@ -14,7 +14,11 @@
 //! is then mapped `MAP_SHARED | MAP_FIXED` over those very addresses: the program's pointers
 //! stay valid and see the same bytes, now in pages a peer can map too. Partial pages at the
 //! ends stay as they were (they hold the program's other objects, which another thread might
-//! store to while the copy runs), and accesses touching them take the packet path. Only
+//! store to while the copy runs), and accesses touching them take the packet path — unless
+//! the mapping holding them lies wholly inside the range's pages: then nothing but the region
+//! (and an allocator's header, written when the block is allocated or freed) lives there, so
+//! they are adopted too. That is the shape of every large `malloc` block (its own `mmap`), the
+//! buffers MPI and UCX move big messages from. Only
 //! private anonymous read-write memory (`malloc`, `memalign`, anonymous `mmap`) is adopted: a
 //! file mapping, shared memory or huge pages keep their own semantics and the packet path.
 //!
@@ -23,6 +27,12 @@
 //! unmapped or remapped it itself is left alone). A peer's access still under way lands in the
 //! memfd, which the region keeps mapped for ferroce's own late accesses, never in the
 //! program's pages.
+//!
+//! The remappings are made with raw system calls, not libc's `mmap`/`mremap`: UCX (and other
+//! registration caches) hook those calls and drop every registration over a range that is
+//! remapped, so the adoption made inside `ibv_reg_mr` would cancel the very registration it
+//! serves, and each message would register, copy and give back its buffer anew. The program's
+//! view of its memory does not change, so there is nothing for such a hook to hear.
 //!
 //! `fork` keeps its meaning: a child gets private copies of adopted pages (a `pthread_atfork`
 //! handler), instead of sharing them with the parent as `MAP_SHARED` would.
@@ -122,6 +132,46 @@ fn install_fork_handlers() {
     });
 }
 
+/// `mmap(2)` as a bare system call (see the module doc).
+///
+/// # Safety
+/// As `mmap`.
+unsafe fn raw_mmap(
+    addr: *mut libc::c_void,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: libc::c_int,
+) -> *mut libc::c_void {
+    // SAFETY: the caller's contract; the kernel's mmap takes these six arguments.
+    unsafe {
+        libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, 0 as libc::off_t)
+            as *mut libc::c_void
+    }
+}
+
+/// `mremap(2)` to a fixed address as a bare system call (see the module doc).
+///
+/// # Safety
+/// As `mremap` with `MREMAP_MAYMOVE | MREMAP_FIXED`.
+unsafe fn raw_mremap_fixed(
+    old: *mut libc::c_void,
+    len: usize,
+    new: *mut libc::c_void,
+) -> *mut libc::c_void {
+    // SAFETY: the caller's contract.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mremap,
+            old,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            new,
+        ) as *mut libc::c_void
+    }
+}
+
 fn page_size() -> usize {
     // SAFETY: a plain query.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -197,13 +247,12 @@ fn covered(vmas: &[Vma], start: usize, end: usize, ok: impl Fn(&Vma) -> bool) ->
 unsafe fn replace_with_private_copy(start: usize, len: usize) -> io::Result<()> {
     // SAFETY: a fresh anonymous mapping; checked below.
     let tmp = unsafe {
-        libc::mmap(
+        raw_mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
-            0,
         )
     };
     if tmp == libc::MAP_FAILED {
@@ -213,19 +262,11 @@ unsafe fn replace_with_private_copy(start: usize, len: usize) -> io::Result<()> 
     unsafe { std::ptr::copy_nonoverlapping(start as *const u8, tmp.cast::<u8>(), len) };
     // SAFETY: moves the fresh pages over the range, replacing what was mapped there (the caller
     // vouches that is fine); the fresh mapping's old address is gone afterwards.
-    let moved = unsafe {
-        libc::mremap(
-            tmp,
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            start as *mut libc::c_void,
-        )
-    };
+    let moved = unsafe { raw_mremap_fixed(tmp, len, start as *mut libc::c_void) };
     if moved == libc::MAP_FAILED {
         let e = io::Error::last_os_error();
         // SAFETY: the fresh mapping is still ours.
-        unsafe { libc::munmap(tmp, len) };
+        unsafe { libc::syscall(libc::SYS_munmap, tmp, len) };
         return Err(e);
     }
     Ok(())
@@ -269,8 +310,23 @@ impl AdoptedPages {
 /// while this runs.
 pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
     let page = page_size();
-    let first = (ptr as usize).checked_add(page - 1)? & !(page - 1);
-    let end = (ptr as usize).checked_add(len)? & !(page - 1);
+    let floor = ptr as usize & !(page - 1);
+    let ceil = (ptr as usize).checked_add(len)?.checked_add(page - 1)? & !(page - 1);
+    let (mut first, mut end) = (
+        (ptr as usize).checked_add(page - 1)? & !(page - 1),
+        (ptr as usize + len) & !(page - 1),
+    );
+    let private_anonymous =
+        |v: &Vma| &v.perms == b"rw-p" && v.inode == 0 && (v.path.is_empty() || v.path == "[heap]");
+    let whole = vmas_over(floor, ceil).ok()?;
+    if whole.first().is_some_and(|v| v.start >= floor)
+        && whole.last().is_some_and(|v| v.end <= ceil)
+        && covered(&whole, floor, ceil, private_anonymous)
+    {
+        // The mappings lie wholly inside the range's pages: the partial pages hold nothing
+        // of anybody else's (see the module doc).
+        (first, end) = (floor, ceil);
+    }
     if end <= first {
         return None;
     }
@@ -296,9 +352,6 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
             return None;
         }
         let vmas = vmas_over(first, end).ok()?;
-        let private_anonymous = |v: &Vma| {
-            &v.perms == b"rw-p" && v.inode == 0 && (v.path.is_empty() || v.path == "[heap]")
-        };
         if !covered(&vmas, first, end, private_anonymous) {
             return None;
         }
@@ -310,13 +363,12 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
         // SAFETY: maps the memfd, now holding the same bytes, over whole pages of the caller's
         // private anonymous memory: its pointers stay valid and read what they read before.
         let p = unsafe {
-            libc::mmap(
+            raw_mmap(
                 first as *mut libc::c_void,
                 n,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_FIXED,
                 alias.fd(),
-                0,
             )
         };
         if p == libc::MAP_FAILED || p as usize != first {
