@@ -23,6 +23,9 @@ command -v ib_write_lat >/dev/null 2>&1 || need_pkgs+=(perftest)
 command -v rping >/dev/null 2>&1 || need_pkgs+=(rdmacm-utils)
 command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
 [ -d /usr/share/doc/rdma-core/tests ] || need_pkgs+=(python3-pyverbs)
+# Open MPI over UCX over the drop-in (mpirun, and mpicc for the anchors' mpi_bench.c).
+command -v mpirun.openmpi >/dev/null 2>&1 || need_pkgs+=(openmpi-bin)
+command -v mpicc.openmpi >/dev/null 2>&1 || need_pkgs+=(libopenmpi-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "== installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

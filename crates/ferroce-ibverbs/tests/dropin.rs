@@ -5,7 +5,8 @@
 //! hosts.
 //!
 //! Needs (scripts/test.sh installs them): gcc, binutils, libibverbs-dev, ibverbs-utils,
-//! perftest, iproute2; root for the namespaces.
+//! perftest, rdmacm-utils, ucx-utils, openmpi-bin, libopenmpi-dev, python3-pyverbs, iproute2;
+//! root for the namespaces and /dev/infiniband.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -738,18 +739,10 @@ fn rdma_cm_programs_connect_through_ferroce_librdmacm() {
 }
 
 /// UCX's own benchmark on its RC verbs transport (UCT level: `-x rc_verbs`) between two
-/// processes: PUT and active-message ping-pongs and a zero-copy PUT stream. UCX accepts a
-/// device only if `/dev/infiniband/<uverbsN>` is a character device it may open: made here as
-/// links to /dev/null (root; CI runs as root).
+/// processes: PUT and active-message ping-pongs and a zero-copy PUT stream.
 #[test]
 fn ucx_perftest_runs_on_rc_verbs() {
-    std::fs::create_dir_all("/dev/infiniband").expect("making /dev/infiniband (run as root)");
-    for i in 0..8 {
-        let link = PathBuf::from(format!("/dev/infiniband/uverbs{i}"));
-        if std::fs::symlink_metadata(&link).is_err() {
-            std::os::unix::fs::symlink("/dev/null", &link).expect("linking a uverbs device");
-        }
-    }
+    make_uverbs_devices();
     let runs: &[&[&str]] = &[
         &["-t", "put_lat", "-s", "8", "-n", "2000"],
         &["-t", "am_lat", "-s", "8", "-n", "2000"],
@@ -775,6 +768,179 @@ fn ucx_perftest_runs_on_rc_verbs() {
                 "{provider} {run:?}: no result\n{ct}"
             );
             assert!(!ct.contains("ERROR"), "{provider} {run:?}\n{ct}");
+        }
+    }
+}
+
+/// UD: rdma-core's `ibv_ud_pingpong` and perftest's `-c UD` between two processes, datagrams
+/// through address handles, with the sender's GRH in front of each.
+#[test]
+fn ud_programs_run_between_two_processes() {
+    for (i, provider) in ["auto", "udp"].into_iter().enumerate() {
+        let port = 18900 + i as u16;
+        let args = |c: &mut Command| {
+            c.args([
+                "-d",
+                "ferroce_lo",
+                "-g",
+                "0",
+                "-s",
+                "2048",
+                "-n",
+                "500",
+                "-p",
+            ])
+            .arg(port.to_string())
+            .env("FERROCE_PROVIDER", provider);
+        };
+        let mut s = over_ferroce("ibv_ud_pingpong");
+        args(&mut s);
+        let mut c = over_ferroce("ibv_ud_pingpong");
+        args(&mut c);
+        c.arg("127.0.0.1");
+        let (st, ct) = pair(s, c, port);
+        for out in [&st, &ct] {
+            assert!(out.contains("500 iters in"), "{provider}:\n{out}");
+        }
+    }
+    let runs: &[&[&str]] = &[
+        &["ib_send_lat", "-c", "UD", "-s", "1024", "-n", "1000"],
+        &["ib_send_bw", "-c", "UD", "-s", "4096", "-n", "1000"],
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        let ct = perftest_pair(run, 18910 + i as u16);
+        let rows = ct
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok()
+            })
+            .count();
+        assert!(rows >= 1, "{run:?}: no result row\n{ct}");
+    }
+}
+
+/// UCP, the layer MPI and most UCX users sit on: it connects RC endpoints through a UD
+/// transport, so both run here (`UCX_TLS=rc_verbs,ud_verbs`); tag matching and RMA
+/// ping-pongs, eager and rendezvous sizes.
+#[test]
+fn ucx_ucp_runs_on_rc_verbs_with_ud_verbs() {
+    make_uverbs_devices();
+    let runs: &[&[&str]] = &[
+        &["-t", "tag_lat", "-s", "8", "-n", "5000"],
+        &["-t", "tag_lat", "-s", "1048576", "-n", "100"],
+        &["-t", "ucp_put_lat", "-s", "8", "-n", "5000"],
+        &["-t", "ucp_get", "-s", "65536", "-n", "500"],
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        for provider in ["udp", "auto"] {
+            let port = 18920 + 2 * i as u16 + u16::from(provider == "auto");
+            let mk = || {
+                let mut c = over_ferroce("ucx_perftest");
+                c.env("FERROCE_PROVIDER", provider)
+                    .env("UCX_TLS", "rc_verbs,ud_verbs,self")
+                    .env("UCX_NET_DEVICES", "ferroce_lo:1")
+                    .args(["-p", &port.to_string()]);
+                c
+            };
+            let mut client = mk();
+            client.arg("127.0.0.1").args(*run);
+            let (_, ct) = pair(mk(), client, port);
+            assert!(
+                ct.lines().any(|l| l.starts_with("Final:")),
+                "{provider} {run:?}: no result\n{ct}"
+            );
+            assert!(!ct.contains("ERROR"), "{provider} {run:?}\n{ct}");
+        }
+    }
+}
+
+/// Open MPI over UCX over ferroce: the anchors' `mpi_bench.c` (ping-pong, and MPI_Allreduce,
+/// which checks its own result and aborts on a wrong one) with two ranks, UCX restricted to
+/// ferroce's devices, so every byte between the ranks crosses ferroce.
+#[test]
+fn open_mpi_runs_over_ucx_on_ferroce() {
+    make_uverbs_devices();
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/anchors/bench/mpi_bench.c");
+    assert!(src.exists(), "{} is missing", src.display());
+    let bin = scratch("mpi_bench");
+    let st = Command::new("mpicc.openmpi")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("mpicc.openmpi (scripts/test.sh installs libopenmpi-dev)");
+    assert!(st.success(), "compiling mpi_bench.c failed");
+    for (mode, extra) in [("pingpong", None), ("allreduce", Some("20"))] {
+        let mut c = Command::new("mpirun.openmpi");
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--mca",
+            "plm",
+            "isolated",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+            "--mca",
+            "btl",
+            "^vader,tcp,openib,uct",
+            "--mca",
+            "pml",
+            "ucx",
+            "--mca",
+            "pml_ucx_devices",
+            "any",
+            "-x",
+            "LD_LIBRARY_PATH",
+            "-x",
+            "UCX_TLS=rc_verbs,ud_verbs,self",
+            "-x",
+            "UCX_NET_DEVICES=ferroce_lo:1",
+            "-x",
+            "UCX_LOG_LEVEL=info",
+            "-np",
+            "2",
+        ])
+        .arg(&bin)
+        .arg(mode)
+        .args(extra)
+        .env("LD_LIBRARY_PATH", library_dir())
+        .env("FERROCE_PCAP", "")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let o = wait_with_timeout(c.spawn().expect("mpirun.openmpi"), Duration::from_secs(300));
+        let out = text(&o);
+        assert!(o.status.success(), "mpirun {mode}:\n{out}");
+        // UCX says which transport each endpoint uses: ferroce's RC between the ranks.
+        assert!(
+            out.lines()
+                .any(|l| l.contains("ep_cfg") && l.contains("rc_verbs/ferroce_lo:1")),
+            "{mode}: no endpoint over ferroce's rc_verbs\n{out}"
+        );
+        let results: Vec<&str> = out.lines().filter(|l| l.starts_with("RESULT ")).collect();
+        let want = if mode == "pingpong" { 2 } else { 12 };
+        assert_eq!(results.len(), want, "{mode}:\n{out}");
+        for r in &results {
+            let v: f64 = r.split_whitespace().nth(2).unwrap().parse().unwrap();
+            assert!(v.is_finite() && v > 0.0, "{r}");
+        }
+        println!("{}", results.join("\n"));
+    }
+}
+
+/// UCX accepts a device only if `/dev/infiniband/<uverbsN>` is a character device it may open:
+/// made here as links to /dev/null (root; CI runs as root).
+fn make_uverbs_devices() {
+    std::fs::create_dir_all("/dev/infiniband").expect("making /dev/infiniband (run as root)");
+    for i in 0..8 {
+        let link = PathBuf::from(format!("/dev/infiniband/uverbs{i}"));
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink("/dev/null", &link).expect("linking a uverbs device");
         }
     }
 }

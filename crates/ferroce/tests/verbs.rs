@@ -1162,3 +1162,115 @@ fn ud_datagrams_arrive_whole_or_are_dropped_as_ibta_says() {
         ]
     );
 }
+
+/// A mapping that lies wholly inside a region's pages (a large `malloc` block is one) is
+/// adopted whole, its partial end pages too: a WRITE at the region's first and last bytes is
+/// done directly.
+#[test]
+fn a_mapping_wholly_inside_the_region_is_adopted_with_its_partial_pages() {
+    let (a, b, qa, _qb) = adopting_pair();
+    let len = 3 * PAGE;
+    // SAFETY: a fresh private anonymous mapping, unmapped at the end.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let base = p as u64;
+    // As malloc hands out a large block: a 16-byte header before it.
+    let (off, rlen) = (16usize, len - 32);
+    let ptr = std::ptr::NonNull::new(p.cast::<u8>()).unwrap();
+    // SAFETY: inside the mapping, which outlives the region; reached only by raw copies.
+    let mr = unsafe { b.pd.register_raw(ptr.add(off), rlen, Access::ALL) }.unwrap();
+    assert!(mapping_of_pages(base, len).iter().all(|m| adopted(m)));
+    let local = Pages::new(PAGE);
+    let lmr = local.register(&a, 0, PAGE, Access::ALL);
+    let data = pattern(9, 64);
+    local.write(0, &data);
+    let d0 = direct_ops(&a);
+    for (id, at) in [(1, base + off as u64), (2, base + (off + rlen - 64) as u64)] {
+        run(
+            &a,
+            &qa,
+            SendWr::new(id, SendOp::Write, vec![lmr.sge(0, 64).unwrap()]).remote(at, mr.rkey()),
+            (WcStatus::Success, WcOpcode::RdmaWrite),
+        );
+        let mut got = vec![0u8; 64];
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::copy((at as *const u8), got.as_mut_ptr(), 64) };
+        assert!(got == data, "WRITE {id}: bytes differ");
+    }
+    assert_eq!(
+        direct_ops(&a),
+        d0 + 2,
+        "the end pages were not reached directly"
+    );
+    drop(mr);
+    assert!(!mapping_of_pages(base, len).iter().any(|m| adopted(m)));
+    // SAFETY: the mapping made above; nothing uses it any more.
+    unsafe { libc::munmap(p, len) };
+}
+
+/// READ, WRITE and SEND of 4 MiB, more than a shared-memory ring holds, between plain caller
+/// memory (not adopted: every byte takes the packet path) on both providers.
+fn four_mib_through_the_packet_path_between_caller_memory(p: Provider) {
+    let (a, b, qa, qb) = pair(p);
+    const LEN: usize = 4 << 20;
+    let (src, dst, back) = (Pages::new(LEN), Pages::new(LEN), Pages::new(LEN));
+    let data = pattern(10, LEN);
+    src.write(0, &data);
+    let (ms, md, mb) = (
+        src.register(&a, 0, LEN, Access::ALL),
+        dst.register(&b, 0, LEN, Access::ALL),
+        back.register(&a, 0, LEN, Access::ALL),
+    );
+    run(
+        &a,
+        &qa,
+        SendWr::new(1, SendOp::Write, vec![ms.sge_all().unwrap()]).remote(md.addr(), md.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    assert!(dst.read(0, LEN) == data, "WRITE: bytes differ");
+    run(
+        &a,
+        &qa,
+        SendWr::new(2, SendOp::Read, vec![mb.sge_all().unwrap()]).remote(md.addr(), md.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaRead),
+    );
+    assert!(back.read(0, LEN) == data, "READ: bytes differ");
+    dst.write(0, &vec![0u8; LEN]);
+    qb.post_recv(RecvWr {
+        wr_id: 3,
+        sgl: vec![md.sge_all().unwrap()],
+    })
+    .unwrap();
+    run(
+        &a,
+        &qa,
+        SendWr::new(4, SendOp::Send, vec![ms.sge_all().unwrap()]),
+        (WcStatus::Success, WcOpcode::Send),
+    );
+    let wc = b.cq.wait(1, T).unwrap()[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (3, WcStatus::Success, LEN as u32)
+    );
+    assert!(dst.read(0, LEN) == data, "SEND: bytes differ");
+}
+
+mod packet_path {
+    #[test]
+    fn four_mib_over_udp() {
+        super::four_mib_through_the_packet_path_between_caller_memory(ferroce::Provider::Udp)
+    }
+    #[test]
+    fn four_mib_over_shm() {
+        super::four_mib_through_the_packet_path_between_caller_memory(ferroce::Provider::Shm)
+    }
+}
