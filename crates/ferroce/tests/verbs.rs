@@ -1203,7 +1203,7 @@ fn a_mapping_wholly_inside_the_region_is_adopted_with_its_partial_pages() {
         );
         let mut got = vec![0u8; 64];
         // SAFETY: inside the mapping.
-        unsafe { std::ptr::copy((at as *const u8), got.as_mut_ptr(), 64) };
+        unsafe { std::ptr::copy(at as *const u8, got.as_mut_ptr(), 64) };
         assert!(got == data, "WRITE {id}: bytes differ");
     }
     assert_eq!(
