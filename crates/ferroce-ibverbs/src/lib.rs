@@ -29,6 +29,21 @@
 //!   finds a device of its own.
 //! - A panic never crosses into C: every entry point runs under [`guard`], which turns one into
 //!   an error return.
+//! - Memory a program registers (`ibv_reg_mr` over its own `malloc`ed buffers) is adopted
+//!   ([`ferroce::ContextOptions::adopt_registered_pages`]): its whole pages move onto a memfd in
+//!   place, so a same-host peer WRITEs, READs and applies atomics to it directly, as a NIC
+//!   would by DMA — `ib_write_lat` spins on such memory.
+//! - RC and UD QPs; UD sends name an address handle (`ibv_create_ah`), and receives start with
+//!   the 40-byte GRH, as on RoCE hardware. UCP (and so Open MPI over UCX) connects its RC
+//!   endpoints over UD.
+//!
+//! [`symbols`] lists every exported symbol and what ferroce does with it.
+
+/// Every exported symbol of the two libraries, its version node, and whether ferroce
+/// implements it (generated from the sources by `scripts/gen-ibverbs-symbol-table.py`; a test
+/// checks it is current).
+#[doc = include_str!("../SYMBOLS.md")]
+pub mod symbols {}
 
 // The shapes of the entry points ferroce does not implement (`unsupported`, and rdma_cm's).
 /// Calls returning an `int` errno (also left in `errno`, where some callers look).
