@@ -17,7 +17,7 @@
 //!   so a pointer the program passes back is turned into the box by a cast.
 //! - `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq` and
 //!   `ibv_post_srq_recv` are `static inline` in `<infiniband/verbs.h>`: they call through the
-//!   context's `ops` table, which [`device`] fills.
+//!   context's `ops` table, which `device` fills.
 //! - The contexts are opened with [`ferroce::ContextOptions::host_slot`]: programs exchange
 //!   only a GID and a QPN and expect the peer at port 4791, so several processes on one host
 //!   take ports 4791, 4792, … and a QPN names its port.
@@ -25,9 +25,9 @@
 //!   node (`abi/libibverbs.symbols`), as the tools are linked with `BIND_NOW` and pull in
 //!   rdma-core's provider libraries, which need the private `IBVERBS_PRIVATE_34` calls. What
 //!   ferroce does not do fails with the errno rdma-core gives an unsupported feature
-//!   ([`unsupported`]); the private provider hooks are no-ops, so a foreign provider never
+//!   (`unsupported`); the private provider hooks are no-ops, so a foreign provider never
 //!   finds a device of its own.
-//! - A panic never crosses into C: every entry point runs under [`guard`], which turns one into
+//! - A panic never crosses into C: every entry point runs under `guard`, which turns one into
 //!   an error return.
 //! - Memory a program registers (`ibv_reg_mr` over its own `malloc`ed buffers) is adopted
 //!   ([`ferroce::ContextOptions::adopt_registered_pages`]): its whole pages move onto a memfd in
