@@ -20,7 +20,7 @@ FERROCE=(--mca pml ucx --mca pml_ucx_devices any -x LD_LIBRARY_PATH="$PWD/target
 run() { # NAME MPI-ARGS...
   local name=$1; shift
   for mode in pingpong allreduce; do
-    "${MPIRUN[@]}" "$@" "$tmp/mpi_bench" $mode | sed -n "s/^RESULT /$name /p"
+    "${MPIRUN[@]}" "$@" "$tmp/mpi_bench" $mode | sed -n "s|^RESULT |$name |p"
   done
 }
 {

@@ -146,7 +146,10 @@ impl ContextShared {
     /// Drives progress from an application thread if the engine is free.
     pub(crate) fn progress_inline(&self) -> bool {
         let now = self.now();
-        if self.hand_over_to_polling_app {
+        // The hand-over keeps the engine thread and a polling thread from taking turns at one
+        // socket; QPs linked over shared memory have rings, which either drains under the
+        // engine lock without waking the other, so a context with no QP on UDP keeps both.
+        if self.hand_over_to_polling_app && self.socket_in_use.load(Ordering::Relaxed) {
             self.app_polling_until
                 .store((now + APP_POLL_GRACE).as_nanos(), Ordering::Release);
         }
@@ -211,6 +214,11 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
         st.udp.forget_qps();
         // The new QPs have not been looked at yet.
         shared.work_pending.store(true, Ordering::Release);
+    }
+    let socket_in_use =
+        st.qps.is_empty() || shared.has_ud_qps() || st.qps.iter().any(|q| q.shm_linked().is_none());
+    if shared.socket_in_use.load(Ordering::Relaxed) != socket_in_use {
+        shared.socket_in_use.store(socket_in_use, Ordering::Relaxed);
     }
     if shared.shm.is_some() {
         did |= shm::receive(shared, &st.qps, &mut st.shm_rx, now);

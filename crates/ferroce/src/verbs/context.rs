@@ -44,7 +44,10 @@ pub struct ContextOptions {
     /// engine thread then stops reading the socket, which on a small machine would preempt the
     /// poller). Right for programs that poll for what they wait on; wrong for programs that
     /// spin on memory a peer WRITEs (perftest's `ib_write_lat`): between their polls nobody
-    /// would read the socket for the whole grace period. Default: on.
+    /// would read the socket for the whole grace period (unless
+    /// [`hand_back_at_completion`](Self::hand_back_at_completion)). Only while a QP of the
+    /// context uses the socket: rings of QPs linked over shared memory are drained by whichever
+    /// thread comes, without waking the other. Arming a CQ ends a hand-over. Default: on.
     pub hand_over_to_polling_app: bool,
     /// With [`hand_over_to_polling_app`](Self::hand_over_to_polling_app): a CQ poll that
     /// returns completions ends the hand-over at once (the engine thread reads the socket
@@ -151,6 +154,9 @@ pub(crate) struct ContextShared {
     pub hand_over_to_polling_app: bool,
     /// See [`ContextOptions::hand_back_at_completion`].
     pub hand_back_at_completion: bool,
+    /// Whether a QP of the context uses the UDP socket (as the engine's last pass saw): only
+    /// then does a polling application take progress over from the engine thread.
+    pub socket_in_use: AtomicBool,
     /// See [`ContextOptions::fail_idle_qps_when_peer_goes`].
     pub fail_idle_qps_when_peer_goes: bool,
     /// See [`ContextOptions::adopt_registered_pages`].
@@ -363,6 +369,7 @@ impl Context {
             hand_over_to_polling_app: options.hand_over_to_polling_app,
             hand_back_at_completion: options.hand_over_to_polling_app
                 && options.hand_back_at_completion,
+            socket_in_use: AtomicBool::new(true),
             fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
             adopt_registered_pages: options.adopt_registered_pages,
             epoch: std::time::Instant::now(),
