@@ -1170,18 +1170,27 @@ fn ud_datagrams_arrive_whole_or_are_dropped_as_ibta_says() {
 fn a_mapping_wholly_inside_the_region_is_adopted_with_its_partial_pages() {
     let (a, b, qa, _qb) = adopting_pair();
     let len = 3 * PAGE;
+    // Three read-write pages between two inaccessible ones, so that the kernel cannot merge
+    // them with a neighbouring mapping: their mapping is exactly theirs, as a malloc block's.
     // SAFETY: a fresh private anonymous mapping, unmapped at the end.
-    let p = unsafe {
+    let guarded = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
+            len + 2 * PAGE,
+            libc::PROT_NONE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
     };
-    assert_ne!(p, libc::MAP_FAILED);
+    assert_ne!(guarded, libc::MAP_FAILED);
+    // SAFETY: inside the mapping just made.
+    let p = unsafe { guarded.cast::<u8>().add(PAGE).cast::<libc::c_void>() };
+    // SAFETY: the middle pages of that mapping.
+    assert_eq!(
+        unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_WRITE) },
+        0
+    );
     let base = p as u64;
     // As malloc hands out a large block: a 16-byte header before it.
     let (off, rlen) = (16usize, len - 32);
@@ -1214,7 +1223,7 @@ fn a_mapping_wholly_inside_the_region_is_adopted_with_its_partial_pages() {
     drop(mr);
     assert!(!mapping_of_pages(base, len).iter().any(|m| adopted(m)));
     // SAFETY: the mapping made above; nothing uses it any more.
-    unsafe { libc::munmap(p, len) };
+    unsafe { libc::munmap(guarded, len + 2 * PAGE) };
 }
 
 /// READ, WRITE and SEND of 4 MiB, more than a shared-memory ring holds, between plain caller

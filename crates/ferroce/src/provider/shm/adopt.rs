@@ -60,6 +60,9 @@ struct Entry {
     alias: Arc<SharedMap>,
     /// Regions registered over these pages.
     users: usize,
+    /// A private copy of the pages taken as the process forks (0 otherwise): see the fork
+    /// handlers.
+    snapshot: usize,
 }
 
 /// The adoptions of the process, under a lock the `fork` handlers can hold across `fork`.
@@ -103,21 +106,68 @@ impl Registry {
 
 extern "C" fn fork_prepare() {
     REGISTRY.lock();
+    // SAFETY: the lock is held (until `parent` or `child`), so this is the only reference.
+    let entries = unsafe { &mut *REGISTRY.entries.get() };
+    for e in entries.iter_mut() {
+        // The bytes as they are at the fork, in private memory the child inherits: the child's
+        // handler maps them over the range. (Copied in the child instead, they would include
+        // whatever a peer wrote in between, which a child of a real fork never sees.)
+        // SAFETY: a fresh anonymous mapping; checked.
+        let snap = unsafe {
+            raw_mmap(
+                std::ptr::null_mut(),
+                e.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+            )
+        };
+        if snap == libc::MAP_FAILED {
+            e.snapshot = 0;
+            continue;
+        }
+        // SAFETY: `e.start..e.start + e.len` is mapped (the adopted pages), the snapshot is a
+        // fresh mapping of that length.
+        unsafe { std::ptr::copy_nonoverlapping(e.start as *const u8, snap.cast::<u8>(), e.len) };
+        e.snapshot = snap as usize;
+    }
 }
 
 extern "C" fn fork_parent() {
+    // SAFETY: `prepare` took the lock.
+    let entries = unsafe { &mut *REGISTRY.entries.get() };
+    for e in entries.iter_mut() {
+        if e.snapshot != 0 {
+            // SAFETY: the snapshot `prepare` made; nothing else refers to it.
+            unsafe { libc::syscall(libc::SYS_munmap, e.snapshot, e.len) };
+            e.snapshot = 0;
+        }
+    }
     REGISTRY.unlock();
 }
 
 extern "C" fn fork_child() {
     // SAFETY: `prepare` took the lock before the fork; this process has one thread now.
-    let entries = unsafe { &*REGISTRY.entries.get() };
-    for e in entries {
-        // The child's copy of the pages must stop being the parent's: a private copy, as
-        // `fork` gives of any other private memory. Nothing to do on failure but keep sharing.
-        // SAFETY: `e.start..e.start + e.len` is mapped (it maps the memfd in the parent, whose
-        // mappings the child inherited).
-        let _ = unsafe { replace_with_private_copy(e.start, e.len) };
+    let entries = unsafe { &mut *REGISTRY.entries.get() };
+    for e in entries.iter_mut() {
+        // The child's copy of the pages must stop being the parent's: the snapshot taken at
+        // the fork replaces them, a private copy as `fork` gives of any other private memory.
+        // Without one (no memory for it), a copy now is the best left.
+        if e.snapshot != 0 {
+            // SAFETY: moves the child's inherited snapshot over the range it was taken of.
+            unsafe {
+                raw_mremap_fixed(
+                    e.snapshot as *mut libc::c_void,
+                    e.len,
+                    e.start as *mut libc::c_void,
+                )
+            };
+            e.snapshot = 0;
+        } else {
+            // SAFETY: `e.start..e.start + e.len` is mapped (it maps the memfd in the parent,
+            // whose mappings the child inherited).
+            let _ = unsafe { replace_with_private_copy(e.start, e.len) };
+        }
     }
     REGISTRY.unlock();
 }
@@ -380,6 +430,7 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
             len: n,
             alias: alias.clone(),
             users: 1,
+            snapshot: 0,
         });
         Some(AdoptedPages {
             start: first as u64,
