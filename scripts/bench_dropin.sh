@@ -5,7 +5,9 @@
 # Prints perftest's t_typical (latency) or average bandwidth, ferroce perf's, and their ratio
 # (median and range over REPS interleaved pairs), for each provider (udp, and auto = shared
 # memory between the two processes). The ratio is the price of the C ABI and of perftest's
-# own way of waiting (ib_write_lat spins on memory and never calls the library).
+# own way of waiting (ib_write_lat spins on memory and never calls the library); for write_lat
+# a second line compares perftest with `ferroce perf --wait-like-perftest`, which waits the
+# same way, so that the ratio is the C ABI's alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build-libibverbs.sh >/dev/null
@@ -38,6 +40,11 @@ for prov in udp auto; do
       pair "$tmp/pt_${prov}_${t}_$r" env LD_LIBRARY_PATH="$LIB" FERROCE_PROVIDER=$prov \
         ib_$t -d ferroce_lo -x 0 -s "$size" -n "$iters" -F -- 127.0.0.1
       pair "$tmp/fp_${prov}_${t}_$r" "$F" perf "$t" --provider "$prov" -s "$size" -n "$iters" --json -- 127.0.0.1
+      if [ "$t" = write_lat ]; then
+        # ferroce perf waiting as perftest waits (memory only), drop-in context settings.
+        pair "$tmp/fw_${prov}_${t}_$r" "$F" perf "$t" --provider "$prov" -s "$size" -n "$iters" \
+          --wait-like-perftest --json -- 127.0.0.1
+      fi
     done
   done
 done
@@ -70,4 +77,9 @@ for prov in ["udp", "auto"]:
         print(f"{t + ' ' + str(size) + ' B':<22}{prov:<9}{statistics.median(a):>15.2f} {unit:<5}"
               f"{statistics.median(b):>9.2f} {unit:<5}{statistics.median(ratios):>9.2f}x "
               f"({min(ratios):.2f}..{max(ratios):.2f})")
+        if t == "write_lat":
+            w = [ferroce(os.path.join(d, f"fw_{prov}_{t}_{r}"), lat) for r in range(1, reps + 1)]
+            rw = [x / y for x, y in zip(a, w)]
+            print(f"{'  vs --wait-like-perftest':<31}{statistics.median(w):>15.2f} {unit:<5}"
+                  f"{statistics.median(rw):>9.2f}x ({min(rw):.2f}..{max(rw):.2f})")
 PY

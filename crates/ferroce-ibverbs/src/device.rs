@@ -306,7 +306,17 @@ unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> libc::c_int {
             return libc::EINVAL;
         }
         // SAFETY: per the API, `ctx` came from ibv_open_device and is closed once.
-        drop(unsafe { Box::from_raw(Context::ptr_of(ctx)) });
+        let c = unsafe { Box::from_raw(Context::ptr_of(ctx)) };
+        // `FERROCE_COUNTERS=1`: what the context counted, on stderr (as `ferroce perf
+        // --counters` prints them), for a program that has no way to ask.
+        if std::env::var_os("FERROCE_COUNTERS").is_some_and(|v| v == "1") {
+            let mut text = format!("ferroce counters of {}:\n", c.ctx.device().name());
+            for (name, value) in c.ctx.counters().named() {
+                text.push_str(&format!("   {name:<28}{value:>12}\n"));
+            }
+            eprint!("{text}");
+        }
+        drop(c);
         0
     })
 }

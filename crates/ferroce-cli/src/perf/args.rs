@@ -124,6 +124,12 @@ pub struct PerfArgs {
     /// in either role (one QP, one size; both sides given the same test and options).
     #[arg(long)]
     pub(super) perftest: bool,
+    /// Wait in the WRITE latency test as perftest does: spin on the flag byte without a CQ
+    /// poll (a peer's WRITE arriving over UDP is then landed by the engine thread), with the
+    /// context settings of the drop-in libibverbs (a poll that returns completions hands
+    /// progress back to the engine). What perftest over the drop-in measures, minus the C ABI.
+    #[arg(long)]
+    pub(super) wait_like_perftest: bool,
     /// GID index of the local device (perftest's -x).
     #[arg(long = "gid-index", short = 'x')]
     pub(super) gid_index: Option<usize>,

@@ -40,6 +40,8 @@ pub(super) struct Session {
     pub(super) conn: cm::Connection,
     pub(super) mtu: ferroce::PathMtu,
     pub(super) local: Vec<EndpointInfo>,
+    /// `--wait-like-perftest`.
+    pub(super) wait_like_perftest: bool,
 }
 
 impl Session {
@@ -79,6 +81,7 @@ pub(super) fn setup(
     let opts = ContextOptions {
         gid_index,
         port: args.roce_port,
+        hand_back_at_completion: args.wait_like_perftest,
         ..ContextOptions::default()
     };
     let ctx = device.open(&opts).map_err(|e| e.to_string())?;
@@ -153,6 +156,7 @@ pub(super) fn setup(
         conn,
         mtu,
         local,
+        wait_like_perftest: args.wait_like_perftest,
     };
     s.sync(args.timeout())?;
     Ok(s)

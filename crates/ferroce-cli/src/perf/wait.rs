@@ -54,6 +54,9 @@ impl FlagWord {
 /// memory with no call here, and a poll in the way only delays seeing it, so then the CQ is
 /// polled only now and then (for an error completion, and the clock).
 pub(super) fn flag_looks(s: &Session) -> usize {
+    if s.wait_like_perftest {
+        return LOOKS_WITHOUT_POLLS;
+    }
     match s.qps[0].provider() {
         ferroce::Provider::Shm => FLAG_LOOKS_PER_POLL_SHM,
         _ => 1,
@@ -73,6 +76,21 @@ pub(super) fn wait_flag(
 ) -> Res<()> {
     let mut b = [0u8];
     let mut polls = 0u64;
+    if looks == LOOKS_WITHOUT_POLLS {
+        // perftest's way: memory only (the clock now and then, for the deadline).
+        loop {
+            for _ in 0..1 << 16 {
+                s.buf.read(off, &mut b).map_err(|e| e.to_string())?;
+                if b[0] == flag {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+            if Instant::now() > deadline {
+                return Err("the peer stopped answering".into());
+            }
+        }
+    }
     loop {
         for _ in 0..looks {
             s.buf.read(off, &mut b).map_err(|e| e.to_string())?;
@@ -103,6 +121,9 @@ pub(super) fn poll_while_waiting(s: &Session, polls: &mut u64, deadline: Instant
     }
     Ok(())
 }
+
+/// `flag_looks` for `--wait-like-perftest`: no CQ poll at all while waiting.
+pub(super) const LOOKS_WITHOUT_POLLS: usize = usize::MAX;
 
 /// How many CQ polls `wait_flag` makes between two looks at the clock (for its deadline).
 pub(super) const POLLS_PER_CLOCK_READ: u64 = 16;
