@@ -629,3 +629,29 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--wait-like-perftest`: the WRITE latency test between two processes with no CQ poll while
+/// waiting (the engine thread lands a WRITE that arrives over UDP), on both providers.
+#[test]
+fn write_latency_waiting_like_perftest() {
+    for provider in ["udp", "shm"] {
+        let (s, c) = pair(
+            "write_lat",
+            &[
+                "--wait-like-perftest",
+                "--iters",
+                "500",
+                "--provider",
+                provider,
+                "--json",
+            ],
+        );
+        assert_ok(provider, &s, &c);
+        let lines = json_lines(&c);
+        let typical = lines
+            .iter()
+            .find_map(|j| j["t_typical_us"].as_f64())
+            .unwrap_or_else(|| panic!("{provider}: no result: {lines:?}"));
+        assert!(typical > 0.0, "{provider}: {typical}");
+    }
+}
