@@ -144,24 +144,7 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
                 return std::ptr::null_mut();
             }
         };
-        init.cap = c_caps(&caps);
-        let c = ibv_qp {
-            context: p.c.context,
-            qp_context: init.qp_context,
-            pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: init.srq,
-            qp_num: inner.qpn(),
-            state: IBV_QPS_RESET,
-            qp_type: IBV_QPT_RC,
-            ..Default::default()
-        };
-        let attr = ibv_qp_attr {
-            cap: c_caps(&caps),
-            port_num: 1,
-            ..Default::default()
-        };
+        let (c, attr) = new_c_qp(p, pd, init, &caps, inner.qpn(), IBV_QPT_RC);
         let q = Box::new(Qp {
             c,
             poster: Mutex::new(None),
@@ -181,6 +164,37 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
         });
         Box::into_raw(q).cast()
     })
+}
+
+/// The `ibv_qp` a new QP of number `qpn` hands the program (in RESET, with the caps it got
+/// written back into `init`, as rdma-core does), and the record `ibv_query_qp` starts from.
+pub(crate) fn new_c_qp(
+    p: &Pd,
+    pd: *mut ibv_pd,
+    init: &mut ibv_qp_init_attr,
+    caps: &QpCaps,
+    qpn: u32,
+    qp_type: ibv_qp_type,
+) -> (ibv_qp, ibv_qp_attr) {
+    init.cap = c_caps(caps);
+    let c = ibv_qp {
+        context: p.c.context,
+        qp_context: init.qp_context,
+        pd,
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        srq: init.srq,
+        qp_num: qpn,
+        state: IBV_QPS_RESET,
+        qp_type,
+        ..Default::default()
+    };
+    let record = ibv_qp_attr {
+        cap: c_caps(caps),
+        port_num: 1,
+        ..Default::default()
+    };
+    (c, record)
 }
 
 /// `ibv_destroy_qp`: outstanding work is dropped with the QP.

@@ -12,7 +12,7 @@ use ferroce_proto::{QpCaps, QpState};
 use crate::abi::*;
 use crate::device::Context;
 use crate::mr::Pd;
-use crate::qp::{c_caps, sges, state_code};
+use crate::qp::{c_caps, new_c_qp, sges, state_code};
 use crate::{errno_of, guard, set_errno};
 
 #[repr(C)]
@@ -65,24 +65,7 @@ pub(crate) fn create(
             return std::ptr::null_mut();
         }
     };
-    init.cap = c_caps(&attr.caps);
-    let c = ibv_qp {
-        context: p.c.context,
-        qp_context: init.qp_context,
-        pd,
-        send_cq: init.send_cq,
-        recv_cq: init.recv_cq,
-        srq: init.srq,
-        qp_num: inner.qpn(),
-        state: IBV_QPS_RESET,
-        qp_type: IBV_QPT_UD,
-        ..Default::default()
-    };
-    let record = ibv_qp_attr {
-        cap: c_caps(&attr.caps),
-        port_num: 1,
-        ..Default::default()
-    };
+    let (c, record) = new_c_qp(p, pd, init, &attr.caps, inner.qpn(), IBV_QPT_UD);
     Box::into_raw(Box::new(UdQp {
         c,
         inner,

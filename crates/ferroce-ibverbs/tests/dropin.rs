@@ -764,25 +764,34 @@ fn ucx_perftest_runs_on_rc_verbs() {
     for (i, run) in runs.iter().enumerate() {
         for provider in ["udp", "auto"] {
             let port = 19010 + 2 * i as u16 + u16::from(provider == "auto");
-            let mk = || {
-                let mut c = over_ferroce("ucx_perftest");
-                c.env("FERROCE_PROVIDER", provider)
-                    .args(["-p", &port.to_string()]);
-                c
-            };
-            let mut client = mk();
-            client
-                .arg("127.0.0.1")
-                .args(["-d", "ferroce_lo:1", "-x", "rc_verbs"])
-                .args(*run);
-            let (_, ct) = pair(mk(), client, port);
-            assert!(
-                ct.lines().any(|l| l.starts_with("Final:")),
-                "{provider} {run:?}: no result\n{ct}"
-            );
-            assert!(!ct.contains("ERROR"), "{provider} {run:?}\n{ct}");
+            let client: Vec<&str> = ["-d", "ferroce_lo:1", "-x", "rc_verbs"]
+                .iter()
+                .chain(run.iter())
+                .copied()
+                .collect();
+            ucx_perftest_pair(provider, port, &[], &client);
         }
     }
+}
+
+/// `ucx_perftest` as server and client (with `client_args`) over ferroce's library with
+/// `provider` and the environment `env`; checks the client printed its result and no error.
+fn ucx_perftest_pair(provider: &str, port: u16, env: &[(&str, &str)], client_args: &[&str]) {
+    let mk = || {
+        let mut c = over_ferroce("ucx_perftest");
+        c.env("FERROCE_PROVIDER", provider)
+            .envs(env.iter().copied())
+            .args(["-p", &port.to_string()]);
+        c
+    };
+    let mut client = mk();
+    client.arg("127.0.0.1").args(client_args);
+    let (_, ct) = pair(mk(), client, port);
+    assert!(
+        ct.lines().any(|l| l.starts_with("Final:")),
+        "{provider} {client_args:?}: no result\n{ct}"
+    );
+    assert!(!ct.contains("ERROR"), "{provider} {client_args:?}\n{ct}");
 }
 
 /// UD: rdma-core's `ibv_ud_pingpong` and perftest's `-c UD` between two processes, datagrams
@@ -845,25 +854,14 @@ fn ucx_ucp_runs_on_rc_verbs_with_ud_verbs() {
         &["-t", "ucp_put_lat", "-s", "8", "-n", "5000"],
         &["-t", "ucp_get", "-s", "65536", "-n", "500"],
     ];
+    let env = [
+        ("UCX_TLS", "rc_verbs,ud_verbs,self"),
+        ("UCX_NET_DEVICES", "ferroce_lo:1"),
+    ];
     for (i, run) in runs.iter().enumerate() {
         for provider in ["udp", "auto"] {
             let port = 18920 + 2 * i as u16 + u16::from(provider == "auto");
-            let mk = || {
-                let mut c = over_ferroce("ucx_perftest");
-                c.env("FERROCE_PROVIDER", provider)
-                    .env("UCX_TLS", "rc_verbs,ud_verbs,self")
-                    .env("UCX_NET_DEVICES", "ferroce_lo:1")
-                    .args(["-p", &port.to_string()]);
-                c
-            };
-            let mut client = mk();
-            client.arg("127.0.0.1").args(*run);
-            let (_, ct) = pair(mk(), client, port);
-            assert!(
-                ct.lines().any(|l| l.starts_with("Final:")),
-                "{provider} {run:?}: no result\n{ct}"
-            );
-            assert!(!ct.contains("ERROR"), "{provider} {run:?}\n{ct}");
+            ucx_perftest_pair(provider, port, &env, run);
         }
     }
 }
