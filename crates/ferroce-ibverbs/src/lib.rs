@@ -126,6 +126,22 @@ pub(crate) fn errno_of(e: &ferroce::Error) -> i32 {
     }
 }
 
+/// The body of an `ibv_destroy_*`: frees the box `ptr` points into (its C object is the box's
+/// first field); EINVAL for NULL.
+///
+/// # Safety
+/// `ptr` is NULL or the C object of a box of `T` this library handed out, freed once.
+pub(crate) unsafe fn destroy_boxed<T, C>(ptr: *mut C) -> libc::c_int {
+    guard(libc::EFAULT, || {
+        if ptr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's contract.
+        drop(unsafe { Box::from_raw(ptr.cast::<T>()) });
+        0
+    })
+}
+
 /// Runs an entry point's body, turning a panic into `on_panic` with `errno` EFAULT: unwinding
 /// into C is undefined behaviour, and aborting the program would be a crash.
 pub(crate) fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {

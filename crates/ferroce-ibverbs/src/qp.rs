@@ -798,12 +798,6 @@ unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -
 /// `ibv_destroy_srq`.
 #[no_mangle]
 unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> libc::c_int {
-    guard(libc::EFAULT, || {
-        if srq.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: per the API, an SRQ from ibv_create_srq, destroyed once.
-        drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
-        0
-    })
+    // SAFETY: per the API, an SRQ from ibv_create_srq (or NULL), destroyed once.
+    unsafe { crate::destroy_boxed::<Srq, _>(srq) }
 }

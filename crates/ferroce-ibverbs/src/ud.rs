@@ -273,14 +273,8 @@ unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *
 /// `ibv_destroy_ah`.
 #[no_mangle]
 unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> libc::c_int {
-    guard(libc::EFAULT, || {
-        if ah.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: per the API, an address handle from ibv_create_ah, destroyed once.
-        drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
-        0
-    })
+    // SAFETY: per the API, an address handle from ibv_create_ah (or NULL), destroyed once.
+    unsafe { crate::destroy_boxed::<Ah, _>(ah) }
 }
 
 /// The sender's GID in a UD receive's GRH: RoCE v2 over IPv4 keeps the IPv4 header in its

@@ -458,6 +458,16 @@ fn perftest_pair(run: &[&str], port: u16) -> String {
     pair(mk(), client, port).1
 }
 
+/// perftest's result rows in `out`: lines that start with a size and an iteration count.
+fn result_rows(out: &str) -> usize {
+    out.lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok()
+        })
+        .count()
+}
+
 /// perftest's tests between two processes; every run must finish and print its table row.
 #[test]
 fn perftest_between_two_processes_on_one_host() {
@@ -477,13 +487,7 @@ fn perftest_between_two_processes_on_one_host() {
     ];
     for (i, run) in runs.iter().enumerate() {
         let ct = perftest_pair(run, 18700 + i as u16);
-        let rows = ct
-            .lines()
-            .filter(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok()
-            })
-            .count();
+        let rows = result_rows(&ct);
         let want = if run.contains(&"-a") { 2 } else { 1 };
         assert!(rows >= want, "{run:?}: {rows} result rows\n{ct}");
     }
@@ -831,14 +835,7 @@ fn ud_programs_run_between_two_processes() {
     ];
     for (i, run) in runs.iter().enumerate() {
         let ct = perftest_pair(run, 18910 + i as u16);
-        let rows = ct
-            .lines()
-            .filter(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok()
-            })
-            .count();
-        assert!(rows >= 1, "{run:?}: no result row\n{ct}");
+        assert!(result_rows(&ct) >= 1, "{run:?}: no result row\n{ct}");
     }
 }
 
