@@ -7,20 +7,11 @@
 //! WRITE stream.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn ferroce() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferroce"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Waits for `child` at most `limit`, killing it past that.
@@ -97,14 +88,33 @@ fn run_through_relay(test: &str, faults: &str, extra: &[&str]) -> Result<(), Str
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let started = Instant::now();
-    let server_port = free_port();
-    let server = ferroce()
-        .args(["perf", test, "--port", &server_port.to_string()])
+    // Port 0: the server takes one the kernel picks and names it on its first line, so no
+    // other test can take it between a choice and the bind.
+    let mut server = ferroce()
+        .args(["perf", test, "--port", "0"])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the server");
+    let mut server_err = BufReader::new(server.stderr.take().expect("stderr"));
+    let mut server_first = String::new();
+    server_err
+        .read_line(&mut server_first)
+        .expect("the server's first line");
+    // "ferroce perf: write_bw server on 127.0.0.1:39609"
+    let server_port: u16 = server_first
+        .trim_end()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in the server's first line: {server_first:?}"));
+    // The rest of its stderr, read as it comes (a full pipe would stop the server).
+    let server_rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut server_err, &mut rest);
+        rest
+    });
     let relay = Relay::start(server_port, faults);
     // The server may still be binding: retry the connection for a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -123,7 +133,9 @@ fn run_through_relay(test: &str, faults: &str, extra: &[&str]) -> Result<(), Str
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let server = wait_bounded(server, Duration::from_secs(30), "server");
+    let mut server = wait_bounded(server, Duration::from_secs(30), "server");
+    server.stderr =
+        format!("{server_first}{}", server_rest.join().unwrap_or_default()).into_bytes();
     let what = format!("{test} {extra:?} through {faults}");
     let client_err = String::from_utf8_lossy(&client.stderr).to_string();
     if !client.status.success() && client_err.contains("transport retry counter exceeded") {

@@ -21,17 +21,60 @@ fn ferroce() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferroce"))
 }
 
-fn spawn_server(test: &str, port: u16, extra: &[&str], env: &[(&str, &Path)]) -> Child {
+/// A `ferroce perf` server listening on a TCP port the kernel chose (`--port 0`; the server
+/// names it on its first line), so no other test can take the port between a choice and the
+/// bind, as with a port picked in advance.
+struct Server {
+    child: Child,
+    port: u16,
+    /// The rest of its stderr, read as it comes (a full pipe would stop the server).
+    stderr: std::thread::JoinHandle<String>,
+    first_line: String,
+}
+
+impl Server {
+    fn wait_with_output(self) -> std::io::Result<Output> {
+        let mut out = self.child.wait_with_output()?;
+        let rest = self.stderr.join().unwrap_or_default();
+        out.stderr = format!("{}{rest}", self.first_line).into_bytes();
+        Ok(out)
+    }
+}
+
+fn spawn_server(test: &str, extra: &[&str], env: &[(&str, &Path)]) -> Server {
+    use std::io::{BufRead, BufReader, Read};
     let mut c = ferroce();
-    c.args(["perf", test, "--port", &port.to_string()])
-        .args(extra);
+    c.args(["perf", test, "--port", "0"]).args(extra);
     for (k, v) in env {
         c.env(k, v);
     }
-    c.stdout(Stdio::piped())
+    let mut child = c
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start the server")
+        .expect("start the server");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first_line = String::new();
+    err.read_line(&mut first_line)
+        .expect("the server's first line");
+    // "ferroce perf: write_bw server on 127.0.0.1:39609"
+    let port = first_line
+        .trim_end()
+        .rsplit([':', ' '])
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in the server's first line: {first_line:?}"));
+    let stderr = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+        rest
+    });
+    Server {
+        child,
+        port,
+        stderr,
+        first_line,
+    }
 }
 
 fn run_client(test: &str, port: u16, extra: &[&str], env: &[(&str, &Path)]) -> Output {
@@ -64,9 +107,8 @@ fn pair_env(
     server_env: &[(&str, &Path)],
     client_env: &[(&str, &Path)],
 ) -> (Output, Output) {
-    let port = free_port();
-    let server = spawn_server(test, port, &[extra, server_only].concat(), server_env);
-    let client = run_client(test, port, extra, client_env);
+    let server = spawn_server(test, &[extra, server_only].concat(), server_env);
+    let client = run_client(test, server.port, extra, client_env);
     let server = server.wait_with_output().expect("server exits");
     (server, client)
 }
@@ -300,14 +342,8 @@ fn a_capture_of_a_perf_run_decodes_cleanly_in_tshark_and_ferroce() {
             extra.extend(["--size", size]);
         }
         let client = [&extra[..], &["--roce-port", &client_port]].concat();
-        let port = free_port();
-        let server = spawn_server(
-            test,
-            port,
-            &[&extra[..], &["--roce-port", "4791"]].concat(),
-            &[],
-        );
-        let c = run_client(test, port, &client, &[("FERROCE_PCAP", &file)]);
+        let server = spawn_server(test, &[&extra[..], &["--roce-port", "4791"]].concat(), &[]);
+        let c = run_client(test, server.port, &client, &[("FERROCE_PCAP", &file)]);
         let s = server.wait_with_output().unwrap();
         assert_ok(&format!("captured {test}"), &s, &c);
         files.push(file);
@@ -483,50 +519,14 @@ fn pingpong_and_devices_and_demo() {
 fn without_segmentation_offload_the_same_bytes_arrive() {
     // FERROCE_NO_GSO / FERROCE_NO_GRO force the plain sendmmsg/recvmmsg path a kernel without
     // UDP offloads would take.
-    let port = free_port();
-    let mut server = ferroce();
-    server
-        .args([
-            "perf",
-            "write_bw",
-            "--port",
-            &port.to_string(),
-            "--size",
-            "1048576",
-            "--iters",
-            "20",
-            "--verify",
-        ])
-        .env("FERROCE_NO_GSO", "1")
-        .env("FERROCE_NO_GRO", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let server = server.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let client = loop {
-        let out = ferroce()
-            .args([
-                "perf",
-                "write_bw",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--size",
-                "1048576",
-                "--iters",
-                "20",
-                "--verify",
-                "--json",
-            ])
-            .env("FERROCE_NO_GSO", "1")
-            .env("FERROCE_NO_GRO", "1")
-            .output()
-            .unwrap();
-        if !String::from_utf8_lossy(&out.stderr).contains("refused") || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let no_offload = Path::new("1");
+    let env = [
+        ("FERROCE_NO_GSO", no_offload),
+        ("FERROCE_NO_GRO", no_offload),
+    ];
+    let opts = ["--size", "1048576", "--iters", "20", "--verify", "--json"];
+    let server = spawn_server("write_bw", &opts, &env);
+    let client = run_client("write_bw", server.port, &opts, &env);
     let server = server.wait_with_output().unwrap();
     assert_ok("write_bw without offloads", &server, &client);
 }
@@ -586,7 +586,6 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let port = free_port();
     let common = [
         "--iters",
         "50",
@@ -598,13 +597,12 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
     ];
     let server = spawn_server(
         "write_lat",
-        port,
         &[&common[..], &["--roce-port", &server_roce]].concat(),
         &[],
     );
     let c = run_client(
         "write_lat",
-        port,
+        server.port,
         &[&common[..], &["--roce-port", &client_roce]].concat(),
         &[],
     );
