@@ -3,8 +3,10 @@
 //! So far this crate holds the arithmetic every collective shares: the element types training
 //! exchanges ([`DataType`]: f32, f64, f16, bf16, i32, i64, u8), the reduction operators
 //! ([`ReduceOp`]: sum, prod, min, max, avg) and [`reduce_into`], which folds one buffer into
-//! another. The communicator, the algorithms (ring, recursive doubling) and the nccl-tests tool
-//! come next, on top of it.
+//! another; and the rendezvous ([`Store`]) through which the ranks of a job, found from
+//! torchrun's environment ([`RankInfo::from_env`]), exchange what they need to connect. The
+//! communicator, the algorithms (ring, recursive doubling) and the nccl-tests tool come next, on
+//! top of them.
 //!
 //! The kernels work on bytes, as the buffers a collective moves are: a peer's chunk lands in
 //! registered memory, and the reduction reads it where it landed. They are plain loops over
@@ -13,5 +15,7 @@
 //! `memcpy`). f16 and bf16 are computed in f32 and rounded back, as NCCL does.
 
 mod reduce;
+pub mod store;
 
 pub use reduce::{finish_avg, reduce_into, DataType, ReduceError, ReduceOp};
+pub use store::{RankInfo, Store, StoreError};
