@@ -51,6 +51,26 @@ pub struct EndpointInfo {
 }
 
 impl EndpointInfo {
+    /// The record the connection exchange sends ([`ENDPOINT_LEN`](super::ENDPOINT_LEN)
+    /// bytes), for a program that carries endpoints over a channel of its own (a collective
+    /// library's rendezvous, say).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(super::ENDPOINT_LEN);
+        encode_endpoint(self, &mut out);
+        out
+    }
+
+    /// Reads a record [`to_bytes`](Self::to_bytes) made, checking every field as the
+    /// connection exchange does.
+    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<EndpointInfo, EndpointProblem> {
+        if bytes.len() != super::ENDPOINT_LEN {
+            return Err(EndpointProblem::Length(bytes.len()));
+        }
+        let e = decode_endpoint(bytes)?;
+        e.validate()?;
+        Ok(e)
+    }
+
     /// Checks every field against the range the protocol allows.
     pub fn validate(&self) -> std::result::Result<(), EndpointProblem> {
         if self.qpn > QPN_MASK {

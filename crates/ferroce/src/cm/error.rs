@@ -41,6 +41,9 @@ pub enum EndpointProblem {
     /// Region fields are set although the region flag is clear.
     #[error("region fields set without the region flag")]
     StrayRegion,
+    /// A record of another length than `ENDPOINT_LEN`.
+    #[error("an endpoint record of {0} bytes")]
+    Length(usize),
     /// The region runs past the end of the 64-bit address space.
     #[error("region of {len} bytes at {addr:#x}, which runs past 2^64")]
     RegionWraps {
