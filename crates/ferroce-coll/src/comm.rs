@@ -422,7 +422,6 @@ impl Communicator {
         let left = (r + n - 1) % n;
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let mut tmp = Vec::new();
         for phase in [R_RS, R_AG] {
             for step in 0..n - 1 {
                 // Reduce-scatter sends chunk r - step (after n - 1 steps this rank holds chunk
@@ -437,14 +436,18 @@ impl Communicator {
                 self.send_chunk(right, phase, seq, step, &buf[range(send)], start(send))?;
                 self.wait_step(left, imm(seq, phase, step))?;
                 let rr = range(recv);
-                tmp.resize(rr.len(), 0);
-                self.inbox[phase]
-                    .read(rr.start, &mut tmp)
-                    .map_err(CollError::Verbs)?;
+                let inbox = &self.inbox[phase];
                 if phase == R_RS {
-                    reduce_into(&mut buf[rr], &tmp, dtype, op)?;
+                    let (at, len) = (rr.start, rr.len());
+                    // SAFETY: the left neighbour wrote this chunk of the region before the
+                    // WRITE with immediate just received, and writes it again only in a later
+                    // operation, which it cannot start before this rank finished this one
+                    // (see the module doc); nothing else writes the region.
+                    unsafe {
+                        inbox.with_slice(at, len, |src| reduce_into(&mut buf[rr], src, dtype, op))
+                    }??;
                 } else {
-                    buf[rr].copy_from_slice(&tmp);
+                    inbox.read(rr.start, &mut buf[rr])?;
                 }
             }
         }

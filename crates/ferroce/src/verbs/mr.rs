@@ -734,6 +734,34 @@ impl MemoryRegion {
         self.inner.fill(offset, len, byte)
     }
 
+    /// Runs `f` on `len` bytes from `offset` as a slice: in place for a region ferroce
+    /// allocated, on a copy for caller memory. For code whose own protocol keeps writers away
+    /// (a collective reducing a chunk a peer wrote and announced): it saves the copy `read`
+    /// makes.
+    ///
+    /// # Safety
+    /// Nothing may write those bytes while `f` runs — no peer (a WRITE, an atomic, a SEND
+    /// landing there) and no other thread — since `f` holds a shared reference to them.
+    pub unsafe fn with_slice<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        match self.inner.handle_ptr(offset, len) {
+            Some(p) => {
+                compiler_fence(Ordering::Acquire);
+                // SAFETY: `handle_ptr` checked the range lies in the region, mapped while
+                // `self` lives; the caller vouches nothing writes it while `f` runs.
+                Ok(f(unsafe { std::slice::from_raw_parts(p, len) }))
+            }
+            None => {
+                let v = self.to_vec(offset, len)?;
+                Ok(f(&v))
+            }
+        }
+    }
+
     /// A copy of `len` bytes from `offset`.
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let mut v = vec![0u8; len];
