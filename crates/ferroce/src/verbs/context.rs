@@ -82,7 +82,7 @@ pub struct ContextOptions {
 ///
 /// A context opened with [`ContextOptions::host_slot`] takes slot `s`: UDP port `4791 + s`, and
 /// QPNs `s << 12 | n`. A QP that connects to a GID of this host finds its peer's port from the
-/// peer's QPN with [`port_of_qpn`]; slot 0 is the standard port, so a peer on another host (or
+/// peer's QPN with [`port_of_qpn`](host_slot::port_of_qpn); slot 0 is the standard port, so a peer on another host (or
 /// Linux rxe) reaches the context holding 4791 as it expects. The numbers stay unique per host
 /// because ports are.
 pub mod host_slot {
