@@ -7,7 +7,7 @@
 //! buffers; one [`Store::all_gather`] tells every rank every other rank's QP endpoints and
 //! buffer keys, and each pair connects.
 //!
-//! # Allreduce (ring)
+//! # Allreduce, allgather, reduce-scatter (ring)
 //! The buffer is cut into `n` chunks. In `n - 1` reduce-scatter steps each rank sends one chunk
 //! to its right neighbour and folds the chunk arriving from its left into its own; then each
 //! rank holds one chunk reduced over all ranks, and `n - 1` allgather steps pass the reduced
@@ -16,10 +16,13 @@
 //! WRITE with immediate whose immediate says which operation, phase and step it ends. Over
 //! shared memory the WRITE is a copy straight into the neighbour's memory.
 //!
-//! Why no buffer is overwritten before it is read, with one region per phase: a rank writes
-//! each chunk index at most once per phase and operation, and it can only start an operation's
-//! allgather (or the next operation) after every rank finished the reduce-scatter before it,
-//! because the chunks it waits for come round the whole ring.
+//! Why no buffer is overwritten before it is read: each phase has its own region, and within an
+//! operation a rank writes each chunk index of a region once. Operations alternate between the
+//! two halves of the regions: the left neighbour, which writes into this rank's regions, can
+//! finish an operation and start the next before this rank has read what arrived in the last,
+//! but cannot finish that next one (and come back to the same half) before this rank started
+//! it, because this rank's own contribution must come round the ring to it. Standalone
+//! allgather and reduce-scatter are one phase of the same ring.
 //!
 //! # Failure
 //! Every wait has the communicator's deadline: a rank that dies or stops answering makes the
@@ -44,8 +47,8 @@ use crate::store::{RankInfo, Store, StoreError};
 pub struct CommOptions {
     /// How long any step may wait for another rank before the collective fails.
     pub timeout: Duration,
-    /// Bytes of each staging and receiving region (per phase): a larger operation is done in
-    /// segments of this size.
+    /// Bytes of each staging and receiving region (per phase): an operation uses half of them
+    /// (see the module doc), so a larger one is done in segments of half this size.
     pub segment_bytes: usize,
     /// Which provider carries the ranks' QPs (shared memory on one host, UDP between hosts).
     pub provider: Provider,
@@ -58,7 +61,7 @@ impl Default for CommOptions {
     fn default() -> CommOptions {
         CommOptions {
             timeout: Duration::from_secs(30),
-            segment_bytes: 4 << 20,
+            segment_bytes: 8 << 20,
             provider: Provider::Auto,
             device: None,
         }
@@ -110,6 +113,16 @@ pub enum CollError {
         timeout: Duration,
         /// What was awaited.
         what: &'static str,
+    },
+    /// Buffers whose sizes do not fit the collective.
+    #[error("{what} of {got} bytes, {want} expected")]
+    Size {
+        /// Which buffer.
+        what: &'static str,
+        /// Its size.
+        got: usize,
+        /// The size the collective needs.
+        want: usize,
     },
     /// A buffer that is not a whole number of elements.
     #[error(transparent)]
@@ -387,8 +400,9 @@ impl Communicator {
             .into());
         }
         if self.size > 1 && !buf.is_empty() {
-            // Segments of whole elements, each cut into `n` chunks.
-            let seg = (self.segment / es).max(1) * es;
+            // Segments of whole elements that fit half a region (see `block_op`), each cut
+            // into `n` chunks.
+            let seg = (self.segment / 2 / es).max(1) * es;
             for part in buf.chunks_mut(seg) {
                 self.ring_allreduce(part, dtype, op)?;
             }
@@ -417,28 +431,51 @@ impl Communicator {
         let elems = buf.len() / es;
         // Chunk i: elements [start(i), start(i + 1)).
         let start = |i: usize| (elems * i / n) * es;
-        let range = |i: usize| start(i)..start(i + 1);
+        self.seq = self.seq.wrapping_add(1);
+        // Reduce-scatter sends chunk r first (after n - 1 steps this rank holds chunk r + 1
+        // reduced over all); the allgather passes on chunk r + 1 first.
+        let base = self.half_base();
+        self.ring_phase(buf, &start, R_RS, r, base, Some((dtype, op)))?;
+        self.ring_phase(buf, &start, R_AG, r + 1, base, None)?;
+        self.drain_sends()
+    }
+
+    /// One phase of the ring over `buf` cut into chunks at `start(0..=n)`: `n - 1` steps, step
+    /// `s` sending chunk `first - s` to the right and taking chunk `first - s - 1` from the
+    /// left, folded in with `reduce` or copied. Chunks live at offset `base` + their offset in
+    /// the regions.
+    fn ring_phase(
+        &mut self,
+        buf: &mut [u8],
+        start: &dyn Fn(usize) -> usize,
+        phase: usize,
+        first: usize,
+        base: usize,
+        reduce: Option<(DataType, ReduceOp)>,
+    ) -> Result<(), CollError> {
+        let (n, r) = (self.size, self.rank);
         let right = (r + 1) % n;
         let left = (r + n - 1) % n;
-        self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        for phase in [R_RS, R_AG] {
-            for step in 0..n - 1 {
-                // Reduce-scatter sends chunk r - step (after n - 1 steps this rank holds chunk
-                // r + 1 reduced over all); the allgather passes on chunk r + 1 - step. The
-                // chunk arriving from the left is always the one before.
-                let send = if phase == R_RS {
-                    (r + n - step) % n
-                } else {
-                    (r + 1 + n - step) % n
-                };
-                let recv = (send + n - 1) % n;
-                self.send_chunk(right, phase, seq, step, &buf[range(send)], start(send))?;
-                self.wait_step(left, imm(seq, phase, step))?;
-                let rr = range(recv);
-                let inbox = &self.inbox[phase];
-                if phase == R_RS {
-                    let (at, len) = (rr.start, rr.len());
+        let range = |i: usize| start(i)..start(i + 1);
+        for step in 0..n - 1 {
+            let send = (first + n - step % n) % n;
+            let recv = (send + n - 1) % n;
+            self.send_chunk(
+                right,
+                phase,
+                seq,
+                step,
+                &buf[range(send)],
+                base + start(send),
+            )?;
+            self.wait_step(left, imm(seq, phase, step))?;
+            let rr = range(recv);
+            let inbox = &self.inbox[phase];
+            let at = base + rr.start;
+            match reduce {
+                Some((dtype, op)) => {
+                    let len = rr.len();
                     // SAFETY: the left neighbour wrote this chunk of the region before the
                     // WRITE with immediate just received, and writes it again only in a later
                     // operation, which it cannot start before this rank finished this one
@@ -446,13 +483,112 @@ impl Communicator {
                     unsafe {
                         inbox.with_slice(at, len, |src| reduce_into(&mut buf[rr], src, dtype, op))
                     }??;
-                } else {
-                    inbox.read(rr.start, &mut buf[rr])?;
                 }
+                None => inbox.read(at, &mut buf[rr])?,
             }
         }
-        self.drain_sends()?;
         Ok(())
+    }
+
+    /// Gathers every rank's `input` into `output` (`n` blocks of `input.len()` bytes, block `i`
+    /// from rank `i`).
+    pub fn allgather(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), CollError> {
+        let n = self.size;
+        let block = input.len();
+        if output.len() != block * n {
+            return Err(CollError::Size {
+                what: "allgather output",
+                got: output.len(),
+                want: block * n,
+            });
+        }
+        output[self.rank * block..(self.rank + 1) * block].copy_from_slice(input);
+        if n == 1 || block == 0 {
+            return Ok(());
+        }
+        // Segments of each block, gathered in a contiguous buffer of n pieces that fits half
+        // a region (see `block_op`).
+        self.block_op(output, block, 1, |comm, work, piece| {
+            let start = |i: usize| i * piece;
+            comm.ring_phase(work, &start, R_AG, comm.rank, comm.half_base(), None)
+        })
+    }
+
+    /// Reduces `input` (`n` blocks of `output.len()` bytes) over every rank with `op` and
+    /// leaves block `rank` of the result in `output`.
+    pub fn reduce_scatter(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CollError> {
+        let n = self.size;
+        let block = output.len();
+        if input.len() != block * n {
+            return Err(CollError::Size {
+                what: "reduce_scatter input",
+                got: input.len(),
+                want: block * n,
+            });
+        }
+        if block % dtype.size() != 0 {
+            return Err(crate::reduce::ReduceError::PartialElement { len: block, dtype }.into());
+        }
+        let mut work = input.to_vec();
+        if n > 1 && block > 0 {
+            let first = (self.rank + n - 1) % n;
+            self.block_op(&mut work, block, dtype.size(), |comm, w, piece| {
+                let start = |i: usize| i * piece;
+                comm.ring_phase(w, &start, R_RS, first, comm.half_base(), Some((dtype, op)))
+            })?;
+        }
+        output.copy_from_slice(&work[self.rank * block..(self.rank + 1) * block]);
+        if op == ReduceOp::Avg {
+            finish_avg(output, dtype, n)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `phase` over `data` (`n` blocks of `block` bytes) a segment of every block at a
+    /// time: each segment's pieces are gathered into a contiguous buffer, `phase` runs on it
+    /// (pieces of `piece` bytes), and they go back.
+    fn block_op(
+        &mut self,
+        data: &mut [u8],
+        block: usize,
+        elem: usize,
+        mut phase: impl FnMut(&mut Communicator, &mut [u8], usize) -> Result<(), CollError>,
+    ) -> Result<(), CollError> {
+        let n = self.size;
+        let per_piece = ((self.segment / 2 / n) / elem).max(1) * elem;
+        let mut work = Vec::with_capacity(per_piece * n);
+        let mut at = 0;
+        while at < block {
+            let piece = per_piece.min(block - at);
+            work.clear();
+            for i in 0..n {
+                work.extend_from_slice(&data[i * block + at..i * block + at + piece]);
+            }
+            self.seq = self.seq.wrapping_add(1);
+            phase(self, &mut work, piece)?;
+            self.drain_sends()?;
+            for i in 0..n {
+                data[i * block + at..i * block + at + piece]
+                    .copy_from_slice(&work[i * piece..(i + 1) * piece]);
+            }
+            at += piece;
+        }
+        Ok(())
+    }
+
+    /// Where this operation's half of the regions starts. Operations alternate between the two
+    /// halves: a neighbour that finished an operation may start the next before this rank read
+    /// what it received in the last one, but not before this rank started the next one (this
+    /// rank's own contribution must come round the ring to it), so it never writes the half
+    /// this rank may still be reading.
+    fn half_base(&self) -> usize {
+        (self.seq as usize % 2) * (self.segment / 2)
     }
 
     /// Stages `data` (chunk bytes at offset `at` of the segment) and WRITEs it to the same

@@ -161,3 +161,73 @@ fn a_rank_that_leaves_fails_the_others_within_the_deadline() {
         what: "",
     };
 }
+
+/// Allgather and reduce-scatter, interleaved with allreduces (they share the regions), every
+/// block size from 0 to several segments, 1 to 4 ranks, both providers.
+#[test]
+fn allgather_and_reduce_scatter_interleaved_with_allreduce() {
+    for provider in [Provider::Shm, Provider::Udp] {
+        for n in 1..=4usize {
+            let results = with_ranks(
+                n,
+                options(provider, 4096, Duration::from_secs(20)),
+                move |mut comm| {
+                    let (rank, n) = (comm.rank(), comm.size());
+                    let mut bad = Vec::new();
+                    for elems in [0usize, 1, 5, 3001] {
+                        let t = DataType::F32;
+                        // allgather: block i is rank i's input.
+                        let mine = input(t, rank, elems);
+                        let mut all = vec![0u8; mine.len() * n];
+                        comm.allgather(&mine, &mut all).unwrap();
+                        let want: Vec<u8> = (0..n).flat_map(|r| input(t, r, elems)).collect();
+                        if all != want {
+                            bad.push(format!("allgather {elems}"));
+                        }
+                        // An allreduce between, on the same regions.
+                        let mut buf = input(t, rank, elems);
+                        comm.allreduce(&mut buf, t, ReduceOp::Sum).unwrap();
+                        if buf != expected(t, ReduceOp::Sum, n, elems) {
+                            bad.push(format!("allreduce {elems}"));
+                        }
+                        // reduce_scatter: rank r's input is n blocks; it keeps block r of the sum.
+                        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                            let inp: Vec<u8> =
+                                (0..n).flat_map(|b| input(t, rank * 7 + b, elems)).collect();
+                            let mut out = vec![0u8; elems * t.size()];
+                            comm.reduce_scatter(&inp, &mut out, t, op).unwrap();
+                            let mut acc = input(t, rank, elems);
+                            for r in 0..n {
+                                let part = input(t, r * 7 + rank, elems);
+                                if r == 0 {
+                                    acc = part;
+                                } else {
+                                    reduce_into(&mut acc, &part, t, op).unwrap();
+                                }
+                            }
+                            if op == ReduceOp::Avg {
+                                ferroce_coll::finish_avg(&mut acc, t, n).unwrap();
+                            }
+                            if out != acc {
+                                bad.push(format!("reduce_scatter {op} {elems}"));
+                            }
+                        }
+                    }
+                    // Sizes that do not fit are refused.
+                    let mut out = vec![0u8; 3];
+                    if n > 1 && comm.allgather(&[1, 2], &mut out).is_ok() {
+                        bad.push("allgather accepted a wrong output size".into());
+                    }
+                    comm.barrier().unwrap();
+                    bad
+                },
+            );
+            for (rank, bad) in results.iter().enumerate() {
+                assert!(
+                    bad.is_empty(),
+                    "{provider:?} {n} ranks, rank {rank}: wrong {bad:?}"
+                );
+            }
+        }
+    }
+}
