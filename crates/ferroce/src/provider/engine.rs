@@ -205,7 +205,14 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
 
 /// One pass of the engine at `now` (a caller that just read the clock saves a second read).
 fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bool {
-    let mut did = udp::receive(shared, &mut st.udp, &st.qps, now);
+    // Whether a QP uses the socket: it is read in every pass then (else only now and then), and
+    // a polling application takes progress over from the engine thread only then.
+    let socket_in_use =
+        st.qps.is_empty() || shared.has_ud_qps() || st.qps.iter().any(|q| q.shm_linked().is_none());
+    if shared.socket_in_use.load(Ordering::Relaxed) != socket_in_use {
+        shared.socket_in_use.store(socket_in_use, Ordering::Relaxed);
+    }
+    let mut did = udp::receive(shared, &mut st.udp, socket_in_use, now);
     let generation = shared.qps_generation.load(Ordering::Acquire);
     if generation != st.qps_generation {
         st.qps = shared.live_qps();
@@ -214,11 +221,6 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
         st.udp.forget_qps();
         // The new QPs have not been looked at yet.
         shared.work_pending.store(true, Ordering::Release);
-    }
-    let socket_in_use =
-        st.qps.is_empty() || shared.has_ud_qps() || st.qps.iter().any(|q| q.shm_linked().is_none());
-    if shared.socket_in_use.load(Ordering::Relaxed) != socket_in_use {
-        shared.socket_in_use.store(socket_in_use, Ordering::Relaxed);
     }
     if shared.shm.is_some() {
         did |= shm::receive(shared, &st.qps, &mut st.shm_rx, now);

@@ -311,7 +311,7 @@ impl Drop for QueuePair {
 }
 
 /// Whether `ip` is an address of this host (of this network namespace): binding to it works.
-fn is_local_address(ip: IpAddr) -> bool {
+pub(crate) fn is_local_address(ip: IpAddr) -> bool {
     ip.is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 

@@ -92,9 +92,7 @@ pub(crate) fn address_handle(
             "GID {gid} and local address {local} are of different IP families"
         )));
     }
-    let this_host = ip.is_loopback()
-        || ip == local
-        || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok();
+    let this_host = ip == local || super::qp::is_local_address(ip);
     Ok(AddressHandle {
         gid,
         ip,

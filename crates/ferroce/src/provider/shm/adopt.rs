@@ -277,10 +277,11 @@ fn vmas_over(start: usize, end: usize) -> io::Result<Vec<Vma>> {
     Ok(out)
 }
 
-/// Whether `vmas` cover `start..end` without a gap and each satisfies `ok`.
+/// Whether `vmas` cover `start..end` without a gap and each of them overlapping that range
+/// satisfies `ok`.
 fn covered(vmas: &[Vma], start: usize, end: usize, ok: impl Fn(&Vma) -> bool) -> bool {
     let mut at = start;
-    for v in vmas {
+    for v in vmas.iter().filter(|v| v.end > start && v.start < end) {
         if v.start > at || !ok(v) {
             return false;
         }
@@ -401,8 +402,8 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
             // Overlaps an adoption without lying inside it: two memfds cannot both be it.
             return None;
         }
-        let vmas = vmas_over(first, end).ok()?;
-        if !covered(&vmas, first, end, private_anonymous) {
+        // The mappings read above cover `first..end` too.
+        if !covered(&whole, first, end, private_anonymous) {
             return None;
         }
         let n = end - first;

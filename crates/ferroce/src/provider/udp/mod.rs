@@ -173,12 +173,13 @@ impl UdpReceiver {
     }
 }
 
-/// Reads what waits on the context's socket and hands every packet that checks out to its QP.
+/// Reads what waits on the context's socket and hands every packet that checks out to its QP
+/// (in every pass while `socket_in_use`: some QP of the context is on UDP, see `progress_at`).
 /// Returns whether anything arrived.
 pub(crate) fn receive(
     shared: &ContextShared,
     r: &mut UdpReceiver,
-    qps: &[Arc<QpShared>],
+    socket_in_use: bool,
     now: Instant,
 ) -> bool {
     let mut did = false;
@@ -186,9 +187,7 @@ pub(crate) fn receive(
     // When every QP is linked over shared memory, the socket carries only strays: look at it
     // every SHM_ONLY_UDP_POLL, not in every pass (each look is a system call, paid in every
     // empty CQ poll of a busy-polling application).
-    let due = qps.is_empty()
-        || qps.iter().any(|q| q.shm_linked().is_none())
-        || shared.has_ud_qps()
+    let due = socket_in_use
         || now.as_nanos().saturating_sub(r.polled) >= SHM_ONLY_UDP_POLL.as_nanos() as u64;
     if !due {
         return false;
