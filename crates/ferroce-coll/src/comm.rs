@@ -1,55 +1,75 @@
-//! A communicator: the ranks of a job connected pairwise over ferroce, and the collectives they
-//! run together.
+//! A communicator: the ranks of a job connected pairwise over ferroce, and the engine that moves
+//! the collectives' bytes between them.
 //!
 //! # Set-up
 //! Each rank opens one ferroce context (shared memory to ranks on its host, RoCE v2 over UDP to
-//! the others: [`ferroce::Provider::Auto`]), creates one RC QP per other rank and registers its
-//! buffers; one [`Store::all_gather`] tells every rank every other rank's QP endpoints and
-//! buffer keys, and each pair connects.
+//! the others: [`ferroce::Provider::Auto`]), creates one RC QP per other rank and registers two
+//! regions peers write into: an *inbox* of `slots` slots of `slot_bytes` for each other rank,
+//! and a *credit* word for each other rank. One exchange (the rendezvous's
+//! [`Store::all_gather`], or the parent's allgather for a [`split`](Communicator::split))
+//! tells every rank every other rank's QP endpoints and region keys, and each pair connects.
 //!
-//! # Allreduce, allgather, reduce-scatter (ring)
-//! The buffer is cut into `n` chunks. In `n - 1` reduce-scatter steps each rank sends one chunk
-//! to its right neighbour and folds the chunk arriving from its left into its own; then each
-//! rank holds one chunk reduced over all ranks, and `n - 1` allgather steps pass the reduced
-//! chunks round the ring. A chunk moves as the way NCCL's IB transport moves it: an RDMA WRITE
-//! into a buffer the receiver registered and published at set-up, followed by a zero-byte
-//! WRITE with immediate whose immediate says which operation, phase and step it ends. Over
-//! shared memory the WRITE is a copy straight into the neighbour's memory.
+//! # Messages and credits
+//! Every byte moves the way NCCL's IB transport moves it. A message from rank `a` to rank `b` is
+//! an RDMA WRITE of at most one slot into the next of `a`'s slots in `b`'s inbox, followed by a
+//! zero-byte WRITE with immediate that tells `b` it is there (a small message is one WRITE with
+//! immediate carrying its bytes inline). `b` reduces or copies the slot where it landed (over
+//! shared memory the WRITE was one copy straight from `a`'s buffer into `b`'s memory, so the
+//! reduction reads the peer's bytes in place of a second copy) and then tells `a` the slot is
+//! free by WRITEing its count of consumed messages into `a`'s credit word for `b`. `a` sends
+//! only while fewer than `slots` of its messages are unconsumed, so no slot is overwritten
+//! before it was read, and up to `slots` messages are in flight to each peer.
 //!
-//! Why no buffer is overwritten before it is read: each phase has its own region, and within an
-//! operation a rank writes each chunk index of a region once. Operations alternate between the
-//! two halves of the regions: the left neighbour, which writes into this rank's regions, can
-//! finish an operation and start the next before this rank has read what arrived in the last,
-//! but cannot finish that next one (and come back to the same half) before this rank started
-//! it, because this rank's own contribution must come round the ring to it. Standalone
-//! allgather and reduce-scatter are one phase of the same ring.
+//! The immediate carries a 16-bit digest of the call (collective, sizes, type, operator, root)
+//! and the message's 16-bit index: ranks that call different collectives, or the same one with
+//! different arguments, fail with [`CollError::Mismatch`] at their first message instead of
+//! exchanging garbage.
+//!
+//! # Phases
+//! A collective is a sequence of [`Phase`]s run by [`Communicator::run`]: sends whose bytes are
+//! ready, and receives (each copied or reduced into place, then possibly forwarded to other
+//! ranks, the way a ring or a chain passes data on). Every send and receive is cut into
+//! messages of one slot; forwarding goes slice by slice, so a ring or a chain is pipelined.
+//! A receive that overwrites bytes this rank sent earlier in the phase waits until those sends
+//! completed (`after`), since a retransmission over UDP reads its source again.
 //!
 //! # Failure
-//! Every wait has the communicator's deadline: a rank that dies or stops answering makes the
-//! others' collective fail with [`CollError`] (its QP goes to ERR, or the deadline passes),
-//! never hang.
+//! A phase that sees no progress for the communicator's timeout fails with
+//! [`CollError::Timeout`]; a peer whose QP fails (it died) fails it with
+//! [`CollError::Transfer`]. A rank whose collective fails tells every other rank (a WRITE with
+//! an abort immediate) so that theirs fail at once with [`CollError::PeerFailed`], moves its
+//! QPs to ERR (nothing is read from the caller's buffers after the call returns), and refuses
+//! every later call with [`CollError::Broken`]: after a failure the ranks no longer agree on
+//! where they are, as with NCCL's aborted communicators.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use ferroce::cm::{EndpointInfo, RemoteRegion};
+use ferroce::cm::{EndpointInfo, RemoteRegion, ENDPOINT_LEN};
 use ferroce::{
     Access, CompletionQueue, ConnectOptions, Context, ContextOptions, MemoryRegion,
     ProtectionDomain, Provider, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcOpcode,
     WcStatus,
 };
 
-use crate::reduce::{finish_avg, reduce_into, DataType, ReduceOp};
+use crate::reduce::{reduce_into, DataType, ReduceOp};
 use crate::store::{RankInfo, Store, StoreError};
 
 /// How a communicator is made.
 #[derive(Debug, Clone)]
 pub struct CommOptions {
-    /// How long any step may wait for another rank before the collective fails.
+    /// How long a collective may go without progress (no message, no credit, no completion)
+    /// before it fails.
     pub timeout: Duration,
-    /// Bytes of each staging and receiving region (per phase): an operation uses half of them
-    /// (see the module doc), so a larger one is done in segments of half this size.
-    pub segment_bytes: usize,
+    /// Bytes of one inbox slot: the largest message, and the unit of pipelining.
+    pub slot_bytes: usize,
+    /// Slots per peer: how many messages may be in flight to one peer.
+    pub slots: usize,
+    /// Allreduces up to this many bytes use recursive doubling (latency: `log2 n` exchanges)
+    /// and broadcasts a binomial tree; larger ones a pipelined ring or chain (bandwidth).
+    pub small_bytes: usize,
     /// Which provider carries the ranks' QPs (shared memory on one host, UDP between hosts).
     pub provider: Provider,
     /// The ferroce device to open; by default the one holding the address this host reaches
@@ -61,7 +81,9 @@ impl Default for CommOptions {
     fn default() -> CommOptions {
         CommOptions {
             timeout: Duration::from_secs(30),
-            segment_bytes: 8 << 20,
+            slot_bytes: 512 << 10,
+            slots: 4,
+            small_bytes: 64 << 10,
             provider: Provider::Auto,
             device: None,
         }
@@ -80,8 +102,8 @@ pub enum CollError {
     /// No ferroce device fits.
     #[error("no ferroce device for {0}")]
     NoDevice(String),
-    /// A rank's card does not parse.
-    #[error("rank {0} sent a card that does not parse: {1}")]
+    /// A rank's card does not parse, or was made with other options.
+    #[error("rank {0} sent a card that does not fit: {1}")]
     BadCard(usize, String),
     /// A work request failed (the peer left, or refused the access).
     #[error("rank {rank}: {what} failed: {status:?}")]
@@ -93,19 +115,38 @@ pub enum CollError {
         /// The completion's status.
         status: WcStatus,
     },
-    /// A peer's message is not the one this step expects: the ranks called different
-    /// collectives, or the same one with different sizes.
-    #[error("rank {rank} sent step {got:#x} where {want:#x} was due (mismatched collectives?)")]
+    /// A peer called another collective, or the same one with other sizes, type, operator or
+    /// root.
+    #[error(
+        "rank {rank} called a different collective, or the same one with another size, type, \
+         operator or root (call digest {theirs:#06x}, ours {ours:#06x})"
+    )]
+    Mismatch {
+        /// The peer rank.
+        rank: usize,
+        /// The digest of this rank's call.
+        ours: u16,
+        /// The digest the peer's message carried.
+        theirs: u16,
+    },
+    /// A message arrived out of order (a bug, or a peer that is not a ferroce communicator).
+    #[error("rank {rank} sent message {got} where {want} was due")]
     OutOfStep {
         /// The peer rank.
         rank: usize,
-        /// The immediate received.
-        got: u32,
-        /// The immediate expected.
-        want: u32,
+        /// The index received.
+        got: u16,
+        /// The index expected.
+        want: u16,
+    },
+    /// Another rank's collective failed, and it said so.
+    #[error("rank {rank} failed and aborted the collective")]
+    PeerFailed {
+        /// The rank that failed.
+        rank: usize,
     },
     /// A peer stopped answering.
-    #[error("no answer from rank {rank} within {timeout:?} ({what})")]
+    #[error("no progress with rank {rank} within {timeout:?} ({what})")]
     Timeout {
         /// The peer rank.
         rank: usize,
@@ -114,6 +155,9 @@ pub enum CollError {
         /// What was awaited.
         what: &'static str,
     },
+    /// An earlier collective of this communicator failed.
+    #[error("the communicator is broken by an earlier failure: {0}")]
+    Broken(String),
     /// Buffers whose sizes do not fit the collective.
     #[error("{what} of {got} bytes, {want} expected")]
     Size {
@@ -124,6 +168,14 @@ pub enum CollError {
         /// The size the collective needs.
         want: usize,
     },
+    /// A rank number outside the communicator (a root or a peer).
+    #[error("rank {rank} named, but the communicator has {size} ranks")]
+    BadRank {
+        /// The number given.
+        rank: usize,
+        /// The communicator's size.
+        size: usize,
+    },
     /// A buffer that is not a whole number of elements.
     #[error(transparent)]
     Reduce(#[from] crate::reduce::ReduceError),
@@ -131,46 +183,105 @@ pub enum CollError {
 
 /// Receive requests kept posted on each QP (each WRITE with immediate consumes one).
 const RECV_DEPTH: usize = 64;
-
-/// Regions a rank publishes, by index in the card.
-const REGIONS: usize = 2;
-/// The receiving region of the reduce-scatter phase.
-const R_RS: usize = 0;
-/// The receiving region of the allgather phase.
-const R_AG: usize = 1;
+/// The immediate of an abort (its digest, `0xffff`, is never a call's).
+const ABORT_IMM: u32 = u32::MAX;
+/// The work-request id of an abort; a credit's is its peer with this bit set; a message's is
+/// its peer.
+const ABORT_WR: u64 = u64::MAX;
+const CREDIT_WR: u64 = 1 << 32;
+/// Messages up to this size carry their bytes inline in the WRITE with immediate.
+const INLINE_BYTES: usize = 4096;
 
 /// One other rank as this rank sees it.
 struct Link {
     qp: QueuePair,
-    /// The peer's receiving regions (as published).
-    remote: [RemoteRegion; REGIONS],
+    /// This rank's slots in the peer's inbox.
+    slots: RemoteRegion,
+    /// This rank's credit word in the peer's credit region.
+    credit: RemoteRegion,
+    /// Messages posted to the peer.
+    sent: u64,
+    /// Of those, how many completed (the peer's transport acknowledged them).
+    done: u64,
+    /// Messages from the peer consumed.
+    consumed: u64,
+    /// The consumed count last written to the peer's credit word.
+    credited: u64,
+    /// Immediates of messages arrived and not yet consumed, in order.
+    arrived: VecDeque<u32>,
     /// Receives posted and not yet consumed.
     posted: usize,
+    /// The status its QP failed with (the peer died or left).
+    failed: Option<WcStatus>,
+    /// Whether it said its collective failed.
+    aborted: bool,
+}
+
+/// Bytes a phase sends: `len` bytes at `off` in the registered region `mr`.
+#[derive(Clone, Copy)]
+pub(crate) struct Out<'a> {
+    pub(crate) peer: usize,
+    pub(crate) mr: &'a MemoryRegion,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+/// What becomes of received bytes.
+#[derive(Clone, Copy)]
+pub(crate) enum Action {
+    /// Copied to the pointer.
+    Copy(*mut u8),
+    /// Reduced into the bytes at the pointer.
+    Reduce(*mut u8, DataType, ReduceOp),
+}
+
+/// Bytes a phase receives from `peer`.
+pub(crate) struct In<'a> {
+    pub(crate) peer: usize,
+    pub(crate) len: usize,
+    pub(crate) action: Action,
+    /// Ranks to pass the bytes on to once they are in place: they are sent from `src` (the
+    /// registered region and offset where the action left them).
+    pub(crate) forward: Vec<usize>,
+    pub(crate) src: Option<(&'a MemoryRegion, usize)>,
+    /// Before its action: how many of this phase's messages to a rank must have completed
+    /// (the action overwrites bytes those messages were sent from).
+    pub(crate) after: Option<(usize, u64)>,
+}
+
+/// One step of a collective: see the module doc.
+#[derive(Default)]
+pub(crate) struct Phase<'a> {
+    pub(crate) outs: Vec<Out<'a>>,
+    pub(crate) ins: Vec<In<'a>>,
+    /// Messages are at most this long (a whole number of elements, at most a slot).
+    pub(crate) slice: usize,
+}
+
+/// How many messages `len` bytes take in slices of `slice`.
+pub(crate) fn messages(len: usize, slice: usize) -> u64 {
+    len.div_ceil(slice) as u64
 }
 
 /// The ranks of a job, connected; see the module doc.
 pub struct Communicator {
-    rank: usize,
-    size: usize,
-    store: Store,
-    timeout: Duration,
-    _ctx: Context,
-    _pd: ProtectionDomain,
-    /// Completions of this rank's sends.
-    send_cq: CompletionQueue,
-    /// Completions of the WRITEs with immediate that end each step (a neighbour ahead of this
-    /// rank may already have sent the next ones: they wait here, in order).
-    recv_cq: CompletionQueue,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    store: Option<Store>,
+    pub(crate) opts: CommOptions,
     links: Vec<Option<Link>>,
-    /// Where this rank stages what it sends, by phase.
-    stage: [MemoryRegion; REGIONS],
-    /// Where the left neighbour writes, by phase.
-    inbox: [MemoryRegion; REGIONS],
-    segment: usize,
-    /// Operations done (the immediates carry it, so a stray message is caught).
-    seq: u32,
-    /// Signaled sends not yet completed.
-    sends_out: usize,
+    /// Where peers' messages land: `slots` slots of `slot_bytes` for each rank, by rank.
+    inbox: MemoryRegion,
+    /// Where each peer writes how many of this rank's messages it consumed, a word by rank.
+    credits: MemoryRegion,
+    /// Where the credit WRITEs take their words from, a word by rank.
+    credit_src: MemoryRegion,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    _pd: ProtectionDomain,
+    ctx: Context,
+    /// Why the communicator is broken, if it is.
+    broken: Option<String>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -187,18 +298,16 @@ fn device_for(master: SocketAddr) -> Result<ferroce::Device, CollError> {
     let local: IpAddr = if master.ip().is_loopback() {
         master.ip()
     } else {
-        let probe = UdpSocket::bind(SocketAddr::new(
-            if master.is_ipv4() {
-                IpAddr::from([0, 0, 0, 0])
-            } else {
-                IpAddr::from([0u16; 8])
-            },
-            0,
-        ))
-        .and_then(|s| s.connect(master).map(|_| s))
-        .and_then(|s| s.local_addr())
-        .map_err(|e| CollError::NoDevice(format!("a route to {master}: {e}")))?;
-        probe.ip()
+        let any = if master.is_ipv4() {
+            IpAddr::from([0, 0, 0, 0])
+        } else {
+            IpAddr::from([0u16; 8])
+        };
+        UdpSocket::bind(SocketAddr::new(any, 0))
+            .and_then(|s| s.connect(master).map(|_| s))
+            .and_then(|s| s.local_addr())
+            .map_err(|e| CollError::NoDevice(format!("a route to {master}: {e}")))?
+            .ip()
     };
     let gid = ferroce::gid_of(local);
     ferroce::devices()?
@@ -207,15 +316,7 @@ fn device_for(master: SocketAddr) -> Result<ferroce::Device, CollError> {
         .ok_or_else(|| CollError::NoDevice(local.to_string()))
 }
 
-fn region_of(mr: &MemoryRegion) -> RemoteRegion {
-    RemoteRegion {
-        addr: mr.addr(),
-        rkey: mr.rkey(),
-        len: mr.len() as u64,
-    }
-}
-
-/// Between two empty polls: spin, and now and then give the CPU away, so that ranks (and their
+/// Between two idle polls: spin, and now and then give the CPU away, so that ranks (and their
 /// engines) that share a core more than they have one still all make progress.
 fn idle(polls: &mut u32) {
     *polls = polls.wrapping_add(1);
@@ -226,15 +327,50 @@ fn idle(polls: &mut u32) {
     }
 }
 
-/// The immediate ending step `step` of `phase` (0 reduce-scatter, 1 allgather) of operation
-/// `seq`.
-fn imm(seq: u32, phase: usize, step: usize) -> u32 {
-    (seq & 0xffff) << 16 | (phase as u32) << 15 | (step as u32 & 0x7fff)
+/// The 16-bit digest of a call that every message of it carries (never `0xffff`).
+pub(crate) fn digest(kind: u8, parts: &[u64]) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ u64::from(kind);
+    for p in parts {
+        for b in p.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    let d = (h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) as u16;
+    if d == 0xffff {
+        0xfffe
+    } else {
+        d
+    }
+}
+
+const CARD_HEADER: usize = 8 + 4 + 2 * 20;
+
+fn put_region(card: &mut Vec<u8>, r: RemoteRegion) {
+    card.extend_from_slice(&r.addr.to_be_bytes());
+    card.extend_from_slice(&r.len.to_be_bytes());
+    card.extend_from_slice(&r.rkey.to_be_bytes());
+}
+
+fn get_region(b: &[u8]) -> RemoteRegion {
+    let word = |r: std::ops::Range<usize>| b[r].iter().fold(0u64, |a, &x| a << 8 | u64::from(x));
+    RemoteRegion {
+        addr: word(0..8),
+        len: word(8..16),
+        rkey: word(16..20) as u32,
+    }
+}
+
+fn region_of(mr: &MemoryRegion) -> RemoteRegion {
+    RemoteRegion {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        len: mr.len() as u64,
+    }
 }
 
 impl Communicator {
     /// Joins the job torchrun's environment describes (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-    /// `MASTER_PORT`).
+    /// `MASTER_PORT`; see [`RankInfo::from_env`]).
     pub fn from_env(opts: &CommOptions) -> Result<Communicator, CollError> {
         let info = RankInfo::from_env()?;
         let store = Store::join(&info, opts.timeout)?;
@@ -247,26 +383,49 @@ impl Communicator {
         master: SocketAddr,
         opts: &CommOptions,
     ) -> Result<Communicator, CollError> {
-        let (rank, size) = (store.rank(), store.world_size());
         let device = match &opts.device {
             Some(name) => ferroce::device_by_name(name)?,
             None => device_for(master)?,
         };
+        let (rank, size) = (store.rank(), store.world_size());
+        let mut comm = Communicator::build(rank, size, &device, opts, |card| {
+            Ok(store.all_gather(card)?)
+        })?;
+        // Every rank's QPs are ready before anyone sends.
+        store.all_gather(&[])?;
+        comm.store = Some(store);
+        Ok(comm)
+    }
+
+    /// Opens this rank's context and regions, exchanges cards through `exchange` (which returns
+    /// every rank's card in rank order) and connects a QP to every other rank.
+    fn build(
+        rank: usize,
+        size: usize,
+        device: &ferroce::Device,
+        opts: &CommOptions,
+        exchange: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>, CollError>,
+    ) -> Result<Communicator, CollError> {
+        let mut opts = opts.clone();
+        opts.slot_bytes = opts.slot_bytes.max(64);
+        opts.slots = opts.slots.max(1);
         let ctx = device.open(&ContextOptions {
             provider: opts.provider,
             capture: None,
             ..ContextOptions::with_port(0)
         })?;
         let pd = ctx.alloc_pd()?;
-        let send_cq = ctx.create_cq(512 * size.max(1), None)?;
+        let per_peer = 2 * opts.slots + 8;
+        let send_cq = ctx.create_cq(per_peer * 4 * size.max(1), None)?;
         let recv_cq = ctx.create_cq((RECV_DEPTH + 16) * size.max(1), None)?;
-        let segment = opts.segment_bytes.max(64);
-        let rights = Access::LOCAL_WRITE.with(Access::REMOTE_WRITE);
-        let stage = [pd.alloc_mr(segment, rights)?, pd.alloc_mr(segment, rights)?];
-        let inbox = [pd.alloc_mr(segment, rights)?, pd.alloc_mr(segment, rights)?];
+        let remote_write = Access::LOCAL_WRITE.with(Access::REMOTE_WRITE);
+        let inbox = pd.alloc_mr(size * opts.slots * opts.slot_bytes, remote_write)?;
+        let credits = pd.alloc_mr(8 * size, remote_write)?;
+        let credit_src = pd.alloc_mr(8 * size, Access::LOCAL_WRITE)?;
         let caps = QpCaps {
-            max_send_wr: 256,
+            max_send_wr: (4 * opts.slots + 64) as u32,
             max_recv_wr: RECV_DEPTH as u32,
+            max_inline_data: INLINE_BYTES as u32,
             ..QpCaps::default()
         };
         let mut qps: Vec<Option<QueuePair>> = Vec::with_capacity(size);
@@ -282,59 +441,59 @@ impl Communicator {
                 })?)
             });
         }
-        // The card: this rank's two receiving regions, then one endpoint per rank (a zero
-        // record for itself).
+        // The card: the slot geometry, the inbox and credit regions, then one endpoint per rank
+        // (a zero record for itself).
         let psn =
             |qpn: u32| ferroce::Psn::new((qpn.wrapping_mul(2_654_435_761) ^ 0x5a5a) & 0xff_ffff);
-        let mut card = Vec::new();
-        for mr in &inbox {
-            let r = region_of(mr);
-            card.extend_from_slice(&r.addr.to_be_bytes());
-            card.extend_from_slice(&r.len.to_be_bytes());
-            card.extend_from_slice(&r.rkey.to_be_bytes());
-        }
+        let mut card = Vec::with_capacity(CARD_HEADER + size * ENDPOINT_LEN);
+        card.extend_from_slice(&(opts.slot_bytes as u64).to_be_bytes());
+        card.extend_from_slice(&(opts.slots as u32).to_be_bytes());
+        put_region(&mut card, region_of(&inbox));
+        put_region(&mut card, region_of(&credits));
         let mut locals = Vec::with_capacity(size);
         for q in &qps {
-            match q {
-                Some(q) => {
-                    let e = q.endpoint_info(psn(q.qpn()), None);
-                    card.extend_from_slice(&e.to_bytes());
-                    locals.push(Some(e));
-                }
-                None => {
-                    card.extend_from_slice(&[0u8; ferroce::cm::ENDPOINT_LEN]);
-                    locals.push(None);
-                }
+            let e = q.as_ref().map(|q| q.endpoint_info(psn(q.qpn()), None));
+            match &e {
+                Some(e) => card.extend_from_slice(&e.to_bytes()),
+                None => card.extend_from_slice(&[0u8; ENDPOINT_LEN]),
             }
+            locals.push(e);
         }
-        let cards = store.all_gather(&card)?;
-        let region_len = 20 * REGIONS;
+        let cards = exchange(&card)?;
         let mut links = Vec::with_capacity(size);
-        for (r, q) in qps.into_iter().enumerate() {
-            let Some(qp) = q else {
+        for (r, (q, local)) in qps.into_iter().zip(locals).enumerate() {
+            let (Some(qp), Some(local)) = (q, local) else {
                 links.push(None);
                 continue;
             };
-            let c = &cards[r];
-            let want = region_len + size * ferroce::cm::ENDPOINT_LEN;
-            if c.len() != want {
+            let c = cards.get(r).map(Vec::as_slice).unwrap_or_default();
+            let want = CARD_HEADER + size * ENDPOINT_LEN;
+            if c.len() < want {
                 return Err(CollError::BadCard(
                     r,
                     format!("{} bytes, {want} expected", c.len()),
                 ));
             }
-            let region = |i: usize| {
-                let b = &c[20 * i..20 * i + 20];
-                RemoteRegion {
-                    addr: u64::from_be_bytes(b[..8].try_into().unwrap_or_default()),
-                    len: u64::from_be_bytes(b[8..16].try_into().unwrap_or_default()),
-                    rkey: u32::from_be_bytes(b[16..20].try_into().unwrap_or_default()),
-                }
-            };
-            let at = region_len + rank * ferroce::cm::ENDPOINT_LEN;
-            let peer = EndpointInfo::from_bytes(&c[at..at + ferroce::cm::ENDPOINT_LEN])
+            let slot_bytes = u64::from_be_bytes(c[0..8].try_into().unwrap_or_default());
+            let slots = u32::from_be_bytes([c[8], c[9], c[10], c[11]]);
+            if slot_bytes != opts.slot_bytes as u64 || slots as usize != opts.slots {
+                return Err(CollError::BadCard(
+                    r,
+                    format!(
+                        "{slots} slots of {slot_bytes} bytes, this rank uses {} of {}",
+                        opts.slots, opts.slot_bytes
+                    ),
+                ));
+            }
+            let inbox_of = get_region(&c[12..32]);
+            let credits_of = get_region(&c[32..52]);
+            let area = (opts.slots * opts.slot_bytes) as u64;
+            let at = CARD_HEADER + rank * ENDPOINT_LEN;
+            let peer = EndpointInfo::from_bytes(&c[at..at + ENDPOINT_LEN])
                 .map_err(|e| CollError::BadCard(r, e.to_string()))?;
-            let local = locals[r].expect("a QP for every other rank");
+            if inbox_of.len < area * size as u64 || credits_of.len < 8 * size as u64 {
+                return Err(CollError::BadCard(r, "regions too small".into()));
+            }
             qp.connect(&local, &peer, &ConnectOptions::default())?;
             for i in 0..RECV_DEPTH {
                 qp.post_recv(RecvWr {
@@ -344,28 +503,97 @@ impl Communicator {
             }
             links.push(Some(Link {
                 qp,
-                remote: [region(R_RS), region(R_AG)],
+                slots: RemoteRegion {
+                    addr: inbox_of.addr + area * rank as u64,
+                    len: area,
+                    rkey: inbox_of.rkey,
+                },
+                credit: RemoteRegion {
+                    addr: credits_of.addr + 8 * rank as u64,
+                    len: 8,
+                    rkey: credits_of.rkey,
+                },
+                sent: 0,
+                done: 0,
+                consumed: 0,
+                credited: 0,
+                arrived: VecDeque::new(),
                 posted: RECV_DEPTH,
+                failed: None,
+                aborted: false,
             }));
         }
-        // Every rank's QPs are ready before anyone sends.
-        store.all_gather(&[])?;
         Ok(Communicator {
             rank,
             size,
-            store,
-            timeout: opts.timeout,
-            _ctx: ctx,
-            _pd: pd,
+            store: None,
+            opts,
+            links,
+            inbox,
+            credits,
+            credit_src,
             send_cq,
             recv_cq,
-            links,
-            stage,
-            inbox,
-            segment,
-            seq: 0,
-            sends_out: 0,
+            _pd: pd,
+            ctx,
+            broken: None,
         })
+    }
+
+    /// Splits the communicator by colour, as `MPI_Comm_split` and `ncclCommSplit` do: every
+    /// rank calls it; the ranks passing the same `color` form a new communicator, ranked by
+    /// `key` (ties by their rank here). A rank passing `None` takes part in the exchange and
+    /// gets `None`. The new communicator has its own QPs and regions; this one stays usable.
+    pub fn split(
+        &mut self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Communicator>, CollError> {
+        let n = self.size;
+        let mut mine = [0u8; 16];
+        mine[..8].copy_from_slice(&color.map_or(u64::MAX, u64::from).to_le_bytes());
+        mine[8..12].copy_from_slice(&key.to_le_bytes());
+        let mut all = vec![0u8; 16 * n];
+        self.allgather(&mine, &mut all)?;
+        let color_of = |r: usize| u64::from_le_bytes(all[16 * r..16 * r + 8].try_into().unwrap());
+        let key_of = |r: usize| u32::from_le_bytes(all[16 * r + 8..16 * r + 12].try_into().unwrap());
+        let mut group: Vec<usize> = match color {
+            Some(_) => (0..n).filter(|&r| color_of(r) == color_of(self.rank)).collect(),
+            None => Vec::new(),
+        };
+        group.sort_by_key(|&r| (key_of(r), r));
+        // Every rank hands in a card of the largest size, so that one allgather carries them.
+        let card_len = 4 + CARD_HEADER + n * ENDPOINT_LEN;
+        let device = self.ctx.device().clone();
+        let opts = self.opts.clone();
+        let new_rank = group.iter().position(|&r| r == self.rank);
+        let sub = match new_rank {
+            Some(new_rank) => {
+                let comm = Communicator::build(new_rank, group.len(), &device, &opts, |card| {
+                    let mut padded = vec![0u8; card_len];
+                    padded[..4].copy_from_slice(&(card.len() as u32).to_le_bytes());
+                    padded[4..4 + card.len()].copy_from_slice(card);
+                    let mut cards = vec![0u8; card_len * n];
+                    self.allgather(&padded, &mut cards)?;
+                    let of = |r: usize| {
+                        let c = &cards[card_len * r..card_len * (r + 1)];
+                        let len = (u32::from_le_bytes(c[..4].try_into().unwrap()) as usize)
+                            .min(card_len - 4);
+                        c[4..4 + len].to_vec()
+                    };
+                    Ok(group.iter().map(|&r| of(r)).collect())
+                })?;
+                Some(comm)
+            }
+            None => {
+                let mut cards = vec![0u8; card_len * n];
+                self.allgather(&vec![0u8; card_len], &mut cards)?;
+                None
+            }
+        };
+        // Every new QP is ready before anyone sends on it.
+        self.barrier()?;
+        Ok(sub)
     }
 
     /// This rank.
@@ -378,326 +606,348 @@ impl Communicator {
         self.size
     }
 
-    /// The rendezvous, for exchanges outside the collectives.
-    pub fn store(&mut self) -> &mut Store {
-        &mut self.store
+    /// The rendezvous, for exchanges outside the collectives (`None` for a communicator made
+    /// by [`split`](Self::split)).
+    pub fn store(&mut self) -> Option<&mut Store> {
+        self.store.as_mut()
     }
 
-    /// Reduces `buf` (elements of `dtype`) with `op` over every rank, in place: afterwards each
-    /// rank's `buf` holds the same reduction.
-    pub fn allreduce(
-        &mut self,
-        buf: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), CollError> {
-        let es = dtype.size();
-        if buf.len() % es != 0 {
-            return Err(crate::reduce::ReduceError::PartialElement {
-                len: buf.len(),
-                dtype,
-            }
-            .into());
+    /// Which provider carries the QP to `peer` (`None` for this rank itself).
+    pub fn provider_to(&self, peer: usize) -> Option<Provider> {
+        self.links.get(peer)?.as_ref().map(|l| l.qp.provider())
+    }
+
+    /// Refuses a call on a broken communicator.
+    pub(crate) fn usable(&self) -> Result<(), CollError> {
+        match &self.broken {
+            Some(why) => Err(CollError::Broken(why.clone())),
+            None => Ok(()),
         }
-        if self.size > 1 && !buf.is_empty() {
-            // Segments of whole elements that fit half a region (see `block_op`), each cut
-            // into `n` chunks.
-            let seg = (self.segment / 2 / es).max(1) * es;
-            for part in buf.chunks_mut(seg) {
-                self.ring_allreduce(part, dtype, op)?;
-            }
+    }
+
+    /// Checks a rank number.
+    pub(crate) fn check_rank(&self, rank: usize) -> Result<(), CollError> {
+        if rank < self.size {
+            Ok(())
+        } else {
+            Err(CollError::BadRank {
+                rank,
+                size: self.size,
+            })
         }
-        if op == ReduceOp::Avg {
-            finish_avg(buf, dtype, self.size)?;
+    }
+
+    /// Registers `len` bytes at `ptr` as a source of this rank's sends (`None` for none).
+    ///
+    /// # Safety
+    /// The bytes must stay valid for reads until the region is dropped, and while a send from
+    /// them is outstanding nothing may write them. The region grants no remote access, so no
+    /// peer can write or read it; ferroce reads it only for the sends this communicator posts,
+    /// all of which complete (or fail, and the QPs go to ERR) before the collective returns —
+    /// which is what lets the caller keep using the buffer between collectives, and this
+    /// module write parts of it no outstanding send reads.
+    pub(crate) unsafe fn register(
+        &self,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Option<MemoryRegion>, CollError> {
+        if len == 0 {
+            return Ok(None);
         }
-        Ok(())
+        let Some(p) = NonNull::new(ptr.cast_mut()) else {
+            return Ok(None);
+        };
+        // SAFETY: the caller's contract above covers `register_raw`'s: nothing else reads or
+        // writes the bytes through the region, since it grants no remote rights and no receive
+        // names it.
+        Ok(Some(unsafe { self._pd.register_raw(p, len, Access::NONE) }?))
     }
 
-    /// Waits until every rank called `barrier`.
-    pub fn barrier(&mut self) -> Result<(), CollError> {
-        // An allreduce of one byte: every rank's contribution must come round the ring.
-        let mut b = [0u8];
-        self.allreduce(&mut b, DataType::U8, ReduceOp::Max)
-    }
-
-    fn ring_allreduce(
+    /// Runs `f` (a collective's phases), and on failure breaks the communicator (see the
+    /// module doc).
+    pub(crate) fn guarded<R>(
         &mut self,
-        buf: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), CollError> {
-        let (n, r) = (self.size, self.rank);
-        let es = dtype.size();
-        let elems = buf.len() / es;
-        // Chunk i: elements [start(i), start(i + 1)).
-        let start = |i: usize| (elems * i / n) * es;
-        self.seq = self.seq.wrapping_add(1);
-        // Reduce-scatter sends chunk r first (after n - 1 steps this rank holds chunk r + 1
-        // reduced over all); the allgather passes on chunk r + 1 first.
-        let base = self.half_base();
-        self.ring_phase(buf, &start, R_RS, r, base, Some((dtype, op)))?;
-        self.ring_phase(buf, &start, R_AG, r + 1, base, None)?;
-        self.drain_sends()
+        f: impl FnOnce(&mut Communicator) -> Result<R, CollError>,
+    ) -> Result<R, CollError> {
+        self.usable()?;
+        let r = f(self);
+        if let Err(e) = &r {
+            self.break_with(e);
+        }
+        r
     }
 
-    /// One phase of the ring over `buf` cut into chunks at `start(0..=n)`: `n - 1` steps, step
-    /// `s` sending chunk `first - s` to the right and taking chunk `first - s - 1` from the
-    /// left, folded in with `reduce` or copied. Chunks live at offset `base` + their offset in
-    /// the regions.
-    fn ring_phase(
-        &mut self,
-        buf: &mut [u8],
-        start: &dyn Fn(usize) -> usize,
-        phase: usize,
-        first: usize,
-        base: usize,
-        reduce: Option<(DataType, ReduceOp)>,
-    ) -> Result<(), CollError> {
-        let (n, r) = (self.size, self.rank);
-        let right = (r + 1) % n;
-        let left = (r + n - 1) % n;
-        let seq = self.seq;
-        let range = |i: usize| start(i)..start(i + 1);
-        for step in 0..n - 1 {
-            let send = (first + n - step % n) % n;
-            let recv = (send + n - 1) % n;
-            self.send_chunk(
-                right,
-                phase,
-                seq,
-                step,
-                &buf[range(send)],
-                base + start(send),
-            )?;
-            self.wait_step(left, imm(seq, phase, step))?;
-            let rr = range(recv);
-            let inbox = &self.inbox[phase];
-            let at = base + rr.start;
-            match reduce {
-                Some((dtype, op)) => {
-                    let len = rr.len();
-                    // SAFETY: the left neighbour wrote this chunk of the region before the
-                    // WRITE with immediate just received, and writes it again only in a later
-                    // operation, which it cannot start before this rank finished this one
-                    // (see the module doc); nothing else writes the region.
-                    unsafe {
-                        inbox.with_slice(at, len, |src| reduce_into(&mut buf[rr], src, dtype, op))
-                    }??;
-                }
-                None => inbox.read(at, &mut buf[rr])?,
+    /// Tells every peer the collective failed, waits a moment for those messages to leave,
+    /// and moves every QP to ERR.
+    fn break_with(&mut self, e: &CollError) {
+        self.broken = Some(e.to_string());
+        for l in self.links.iter().flatten() {
+            if l.failed.is_none() {
+                let wr = SendWr::new(ABORT_WR, SendOp::WriteWithImm(ABORT_IMM), vec![])
+                    .remote(l.slots.addr, l.slots.rkey);
+                let _ = l.qp.post_send(wr);
             }
         }
-        Ok(())
+        let until = Instant::now() + Duration::from_millis(200);
+        let mut outstanding = self.links.iter().flatten().filter(|l| l.failed.is_none()).count();
+        while outstanding > 0 && Instant::now() < until {
+            match self.send_cq.poll_one() {
+                Ok(Some(wc)) if wc.wr_id == ABORT_WR => outstanding -= 1,
+                Ok(Some(_)) => {}
+                Ok(None) => std::thread::yield_now(),
+                Err(_) => break,
+            }
+        }
+        for l in self.links.iter().flatten() {
+            l.qp.modify_to_error();
+        }
     }
 
-    /// Gathers every rank's `input` into `output` (`n` blocks of `input.len()` bytes, block `i`
-    /// from rank `i`).
-    pub fn allgather(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), CollError> {
+    /// Runs one phase: see the module doc.
+    ///
+    /// # Safety
+    /// Every `Action` pointer must be valid for writes of its `len` bytes (and reads, for a
+    /// reduction) during the call, and nothing else may access those bytes meanwhile except
+    /// this phase's sends from them, ordered by `after`; every `Out` and forward source must
+    /// hold its bytes until the call returns.
+    pub(crate) unsafe fn run(&mut self, digest: u16, phase: Phase<'_>) -> Result<(), CollError> {
+        // SAFETY: the same contract.
+        unsafe { self.run_with(digest, digest, phase) }
+    }
+
+    /// As [`run`](Self::run), with messages sent carrying `out_digest` and those received
+    /// expected to carry `in_digest` (a send and a receive of different calls in one phase).
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run).
+    pub(crate) unsafe fn run_with(
+        &mut self,
+        out_digest: u16,
+        in_digest: u16,
+        phase: Phase<'_>,
+    ) -> Result<(), CollError> {
         let n = self.size;
-        let block = input.len();
-        if output.len() != block * n {
-            return Err(CollError::Size {
-                what: "allgather output",
-                got: output.len(),
-                want: block * n,
+        let slice = phase.slice.clamp(1, self.opts.slot_bytes);
+        let mut queues: Vec<VecDeque<(&MemoryRegion, usize, usize)>> = vec![VecDeque::new(); n];
+        let mut involved = vec![false; n];
+        let base_sent: Vec<u64> = self
+            .links
+            .iter()
+            .map(|l| l.as_ref().map_or(0, |l| l.sent))
+            .collect();
+        for o in &phase.outs {
+            involved[o.peer] = true;
+            push_slices(&mut queues[o.peer], o.mr, o.off, o.len, slice);
+        }
+        // Receives by peer, in order, each with how far its slices got.
+        let mut ins: Vec<VecDeque<(&In<'_>, usize)>> = vec![VecDeque::new(); n];
+        for i in &phase.ins {
+            involved[i.peer] = true;
+            for &f in &i.forward {
+                involved[f] = true;
+            }
+            if i.len > 0 {
+                ins[i.peer].push_back((i, 0));
+            }
+        }
+        if involved[self.rank] {
+            return Err(CollError::BadRank {
+                rank: self.rank,
+                size: n,
             });
         }
-        output[self.rank * block..(self.rank + 1) * block].copy_from_slice(input);
-        if n == 1 || block == 0 {
-            return Ok(());
-        }
-        // Segments of each block, gathered in a contiguous buffer of n pieces that fits half
-        // a region (see `block_op`).
-        self.block_op(output, block, 1, |comm, work, piece| {
-            let start = |i: usize| i * piece;
-            comm.ring_phase(work, &start, R_AG, comm.rank, comm.half_base(), None)
-        })
-    }
-
-    /// Reduces `input` (`n` blocks of `output.len()` bytes) over every rank with `op` and
-    /// leaves block `rank` of the result in `output`.
-    pub fn reduce_scatter(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), CollError> {
-        let n = self.size;
-        let block = output.len();
-        if input.len() != block * n {
-            return Err(CollError::Size {
-                what: "reduce_scatter input",
-                got: input.len(),
-                want: block * n,
-            });
-        }
-        if block % dtype.size() != 0 {
-            return Err(crate::reduce::ReduceError::PartialElement { len: block, dtype }.into());
-        }
-        let mut work = input.to_vec();
-        if n > 1 && block > 0 {
-            let first = (self.rank + n - 1) % n;
-            self.block_op(&mut work, block, dtype.size(), |comm, w, piece| {
-                let start = |i: usize| i * piece;
-                comm.ring_phase(w, &start, R_RS, first, comm.half_base(), Some((dtype, op)))
-            })?;
-        }
-        output.copy_from_slice(&work[self.rank * block..(self.rank + 1) * block]);
-        if op == ReduceOp::Avg {
-            finish_avg(output, dtype, n)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `phase` over `data` (`n` blocks of `block` bytes) a segment of every block at a
-    /// time: each segment's pieces are gathered into a contiguous buffer, `phase` runs on it
-    /// (pieces of `piece` bytes), and they go back.
-    fn block_op(
-        &mut self,
-        data: &mut [u8],
-        block: usize,
-        elem: usize,
-        mut phase: impl FnMut(&mut Communicator, &mut [u8], usize) -> Result<(), CollError>,
-    ) -> Result<(), CollError> {
-        let n = self.size;
-        let per_piece = ((self.segment / 2 / n) / elem).max(1) * elem;
-        let mut work = Vec::with_capacity(per_piece * n);
-        let mut at = 0;
-        while at < block {
-            let piece = per_piece.min(block - at);
-            work.clear();
-            for i in 0..n {
-                work.extend_from_slice(&data[i * block + at..i * block + at + piece]);
-            }
-            self.seq = self.seq.wrapping_add(1);
-            phase(self, &mut work, piece)?;
-            self.drain_sends()?;
-            for i in 0..n {
-                data[i * block + at..i * block + at + piece]
-                    .copy_from_slice(&work[i * piece..(i + 1) * piece]);
-            }
-            at += piece;
-        }
-        Ok(())
-    }
-
-    /// Where this operation's half of the regions starts. Operations alternate between the two
-    /// halves: a neighbour that finished an operation may start the next before this rank read
-    /// what it received in the last one, but not before this rank started the next one (this
-    /// rank's own contribution must come round the ring to it), so it never writes the half
-    /// this rank may still be reading.
-    fn half_base(&self) -> usize {
-        (self.seq as usize % 2) * (self.segment / 2)
-    }
-
-    /// Stages `data` (chunk bytes at offset `at` of the segment) and WRITEs it to the same
-    /// offset of `to`'s receiving region of `phase`, then the WRITE with immediate that ends
-    /// the step.
-    fn send_chunk(
-        &mut self,
-        to: usize,
-        phase: usize,
-        seq: u32,
-        step: usize,
-        data: &[u8],
-        at: usize,
-    ) -> Result<(), CollError> {
-        let stage = &self.stage[phase];
-        let link = self.links[to].as_ref().expect("a link to every other rank");
-        let dst = link.remote[phase];
-        let mut wrs = Vec::with_capacity(2);
-        if !data.is_empty() {
-            stage.write(at, data)?;
-            let mut w = SendWr::new(0, SendOp::Write, vec![stage.sge(at, data.len())?])
-                .remote(dst.addr + at as u64, dst.rkey);
-            w.flags.signaled = false;
-            wrs.push(w);
-        }
-        wrs.push(
-            SendWr::new(1, SendOp::WriteWithImm(imm(seq, phase, step)), vec![])
-                .remote(dst.addr, dst.rkey),
-        );
-        link.qp.post_send_batch(wrs)?;
-        self.sends_out += 1;
-        Ok(())
-    }
-
-    /// Polls until the step's WRITE with immediate from `from` arrived (send completions seen
-    /// meanwhile are counted).
-    fn wait_step(&mut self, from: usize, want: u32) -> Result<(), CollError> {
-        let deadline = Instant::now() + self.timeout;
-        let from_qpn = self.links[from].as_ref().map(|l| l.qp.qpn());
+        let mut last_progress = Instant::now();
         let mut polls = 0u32;
         loop {
-            if let Some(wc) = self.recv_cq.poll_one()? {
-                let rank = self.rank_of_qpn(wc.qp_num);
-                if wc.status == WcStatus::WorkRequestFlushed && Some(wc.qp_num) != from_qpn {
-                    // A QP this step does not use went to ERR (its peer left: with the ring
-                    // only the neighbours' QPs carry anything, the others' posted receives are
-                    // flushed when their peer goes). Whoever needs that peer fails on its own
-                    // QP, or at its deadline.
-                    continue;
+            let mut progressed = false;
+            for p in 0..n {
+                while !queues[p].is_empty() && self.credit_available(p)? {
+                    let (mr, off, len) = queues[p].pop_front().expect("not empty");
+                    self.post_message(p, out_digest, mr, off, len)?;
+                    progressed = true;
                 }
-                if wc.status != WcStatus::Success {
-                    return Err(CollError::Transfer {
-                        rank,
-                        what: "a receive",
-                        status: wc.status,
-                    });
-                }
-                self.repost(rank)?;
-                let got = wc.imm_data.unwrap_or(u32::MAX);
-                if Some(wc.qp_num) != from_qpn
-                    || wc.opcode != WcOpcode::RecvRdmaWithImm
-                    || got != want
-                {
-                    return Err(CollError::OutOfStep { rank, got, want });
-                }
-                return Ok(());
             }
-            if Instant::now() > deadline {
+            progressed |= self.poll_sends()?;
+            progressed |= self.poll_arrivals()?;
+            for p in 0..n {
+                while let Some((item, done)) = ins[p].front_mut() {
+                    let link = self.links[p].as_ref().expect("a link to every other rank");
+                    if link.arrived.is_empty() {
+                        break;
+                    }
+                    if let Some((q, count)) = item.after {
+                        let l = self.links[q].as_ref().expect("a link to every other rank");
+                        if l.done < base_sent[q] + count {
+                            break;
+                        }
+                    }
+                    let len = slice.min(item.len - *done);
+                    let at = *done;
+                    self.consume(p, in_digest, len, |src| {
+                        // SAFETY: the caller vouches for the action's pointer over the item's
+                        // `len` bytes, of which `at..at + len` is a part.
+                        match item.action {
+                            Action::Copy(dst) => unsafe {
+                                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), len);
+                                Ok(())
+                            },
+                            Action::Reduce(dst, dtype, op) => unsafe {
+                                let dst = std::slice::from_raw_parts_mut(dst.add(at), len);
+                                reduce_into(dst, src, dtype, op)
+                            },
+                        }
+                    })?;
+                    if let Some((mr, off)) = item.src {
+                        for &f in &item.forward {
+                            queues[f].push_back((mr, off + at, len));
+                        }
+                    }
+                    *done += len;
+                    if *done == item.len {
+                        ins[p].pop_front();
+                    }
+                    progressed = true;
+                }
+            }
+            if queues.iter().all(VecDeque::is_empty) && ins.iter().all(VecDeque::is_empty) {
+                break;
+            }
+            if progressed {
+                last_progress = Instant::now();
+                continue;
+            }
+            self.flush_credits()?;
+            self.check_peers(&involved)?;
+            if last_progress.elapsed() > self.opts.timeout {
+                let rank = (0..n)
+                    .find(|&p| !ins[p].is_empty() || !queues[p].is_empty())
+                    .unwrap_or(self.rank);
                 return Err(CollError::Timeout {
-                    rank: from,
-                    timeout: self.timeout,
-                    what: "a step of a collective",
+                    rank,
+                    timeout: self.opts.timeout,
+                    what: if ins[rank].is_empty() {
+                        "credits to send"
+                    } else {
+                        "a message"
+                    },
                 });
             }
             idle(&mut polls);
         }
-    }
-
-    /// Waits for every signaled send to complete (its bytes left the staging region).
-    fn drain_sends(&mut self) -> Result<(), CollError> {
-        let deadline = Instant::now() + self.timeout;
-        let mut polls = 0u32;
-        while self.sends_out > 0 {
-            match self.send_cq.poll_one()? {
-                Some(wc) => {
-                    if wc.status != WcStatus::Success {
-                        return Err(CollError::Transfer {
-                            rank: self.rank_of_qpn(wc.qp_num),
-                            what: "a send",
-                            status: wc.status,
-                        });
-                    }
-                    self.sends_out -= 1;
-                }
-                None if Instant::now() > deadline => {
-                    return Err(CollError::Timeout {
-                        rank: (self.rank + 1) % self.size,
-                        timeout: self.timeout,
-                        what: "the acknowledgement of a send",
-                    });
-                }
-                None => idle(&mut polls),
+        self.flush_credits()?;
+        // Everything sent has completed before the caller may reuse its buffers.
+        let mut last_progress = Instant::now();
+        while let Some(p) = (0..n).find(|&p| {
+            self.links[p]
+                .as_ref()
+                .is_some_and(|l| l.done < l.sent && involved[p])
+        }) {
+            if self.poll_sends()? | self.poll_arrivals()? {
+                last_progress = Instant::now();
+                continue;
             }
+            self.check_peers(&involved)?;
+            if last_progress.elapsed() > self.opts.timeout {
+                return Err(CollError::Timeout {
+                    rank: p,
+                    timeout: self.opts.timeout,
+                    what: "the acknowledgement of a send",
+                });
+            }
+            idle(&mut polls);
         }
         Ok(())
     }
 
-    fn repost(&mut self, rank: usize) -> Result<(), CollError> {
-        if let Some(l) = self.links[rank].as_mut() {
+    /// Whether `peer` has a free slot for this rank's next message.
+    fn credit_available(&self, peer: usize) -> Result<bool, CollError> {
+        let l = self.links[peer].as_ref().expect("a link to every other rank");
+        // The peer WRITEs its consumed count as one 8-byte word, and ferroce lands an aligned
+        // 8-byte WRITE (and `read_u64` loads it) as one access: no torn value is seen.
+        let freed = self.credits.read_u64(8 * peer)?;
+        Ok(l.sent - freed.min(l.sent) < self.opts.slots as u64)
+    }
+
+    /// Posts one message to `peer`: `len` bytes of `mr` from `off` into the next slot.
+    fn post_message(
+        &mut self,
+        peer: usize,
+        digest: u16,
+        mr: &MemoryRegion,
+        off: usize,
+        len: usize,
+    ) -> Result<(), CollError> {
+        let slot_bytes = self.opts.slot_bytes;
+        let slots = self.opts.slots as u64;
+        let l = self.links[peer].as_mut().expect("a link to every other rank");
+        let dst = l.slots.addr + (l.sent % slots) * slot_bytes as u64;
+        let imm = u32::from(digest) << 16 | (l.sent & 0xffff) as u32;
+        let signal = SendWr::new(peer as u64, SendOp::WriteWithImm(imm), vec![]);
+        if len <= INLINE_BYTES {
+            let mut data = vec![0u8; len];
+            mr.read(off, &mut data)?;
+            let mut wr = signal.remote(dst, l.slots.rkey);
+            wr.inline_data = Some(data);
+            l.qp.post_send(wr)?;
+        } else {
+            let mut write = SendWr::new(peer as u64, SendOp::Write, vec![mr.sge(off, len)?])
+                .remote(dst, l.slots.rkey);
+            write.flags.signaled = false;
+            l.qp
+                .post_send_batch([write, signal.remote(dst, l.slots.rkey)])?;
+        }
+        l.sent += 1;
+        Ok(())
+    }
+
+    /// Takes the completions of sends; whether there were any.
+    fn poll_sends(&mut self) -> Result<bool, CollError> {
+        let mut any = false;
+        while let Some(wc) = self.send_cq.poll_one()? {
+            any = true;
+            let peer = (wc.wr_id & !CREDIT_WR) as usize;
+            let Some(l) = self.links.get_mut(peer).and_then(Option::as_mut) else {
+                continue;
+            };
+            if wc.status != WcStatus::Success {
+                l.failed.get_or_insert(wc.status);
+                if wc.wr_id & CREDIT_WR != 0 {
+                    // A credit to a peer that has finished and left: only a phase that needs
+                    // the peer fails (`check_peers`).
+                    continue;
+                }
+                return Err(CollError::Transfer {
+                    rank: peer,
+                    what: "a send",
+                    status: wc.status,
+                });
+            }
+            if wc.wr_id & CREDIT_WR == 0 {
+                l.done += 1;
+            }
+        }
+        Ok(any)
+    }
+
+    /// Takes arrived messages (and failures of peers' QPs); whether there were any.
+    fn poll_arrivals(&mut self) -> Result<bool, CollError> {
+        let mut any = false;
+        while let Some(wc) = self.recv_cq.poll_one()? {
+            any = true;
+            let Some(peer) = self
+                .links
+                .iter()
+                .position(|l| l.as_ref().is_some_and(|l| l.qp.qpn() == wc.qp_num))
+            else {
+                continue;
+            };
+            let l = self.links[peer].as_mut().expect("found");
+            if wc.status != WcStatus::Success {
+                // A QP no phase uses may fail when its peer leaves: only a phase that needs
+                // the peer fails (`check_peers`).
+                l.failed.get_or_insert(wc.status);
+                continue;
+            }
             l.posted -= 1;
             while l.posted < RECV_DEPTH {
                 l.qp.post_recv(RecvWr {
@@ -706,14 +956,123 @@ impl Communicator {
                 })?;
                 l.posted += 1;
             }
+            match (wc.opcode, wc.imm_data) {
+                (_, Some(ABORT_IMM)) => {
+                    l.aborted = true;
+                    return Err(CollError::PeerFailed { rank: peer });
+                }
+                (WcOpcode::RecvRdmaWithImm, Some(imm)) => l.arrived.push_back(imm),
+                _ => {
+                    return Err(CollError::OutOfStep {
+                        rank: peer,
+                        got: u16::MAX,
+                        want: (l.consumed & 0xffff) as u16,
+                    })
+                }
+            }
+        }
+        Ok(any)
+    }
+
+    /// Fails if a peer the phase needs failed.
+    fn check_peers(&self, involved: &[bool]) -> Result<(), CollError> {
+        for (p, l) in self.links.iter().enumerate() {
+            if let Some(l) = l {
+                if let (true, Some(status)) = (involved[p], l.failed) {
+                    return Err(CollError::Transfer {
+                        rank: p,
+                        what: "the QP",
+                        status,
+                    });
+                }
+            }
         }
         Ok(())
     }
 
-    fn rank_of_qpn(&self, qpn: u32) -> usize {
-        self.links
-            .iter()
-            .position(|l| l.as_ref().is_some_and(|l| l.qp.qpn() == qpn))
-            .unwrap_or(usize::MAX)
+    /// Consumes the next message from `peer` (`len` bytes expected), running `f` on its bytes
+    /// where they landed, and frees its slot.
+    fn consume(
+        &mut self,
+        peer: usize,
+        digest: u16,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> Result<(), crate::reduce::ReduceError>,
+    ) -> Result<(), CollError> {
+        let slot_bytes = self.opts.slot_bytes;
+        let slots = self.opts.slots;
+        let l = self.links[peer].as_mut().expect("a link to every other rank");
+        let imm = l.arrived.pop_front().expect("an arrival");
+        let want = (l.consumed & 0xffff) as u16;
+        if (imm >> 16) as u16 != digest {
+            return Err(CollError::Mismatch {
+                rank: peer,
+                ours: digest,
+                theirs: (imm >> 16) as u16,
+            });
+        }
+        if imm as u16 != want {
+            return Err(CollError::OutOfStep {
+                rank: peer,
+                got: imm as u16,
+                want,
+            });
+        }
+        let at = (peer * slots + (l.consumed % slots as u64) as usize) * slot_bytes;
+        l.consumed += 1;
+        // SAFETY: the peer wrote this slot before the WRITE with immediate just taken, and
+        // writes it again only after the credit below says it was consumed; nothing else
+        // writes the inbox.
+        unsafe { self.inbox.with_slice(at, len, f) }??;
+        let l = self.links[peer].as_ref().expect("a link to every other rank");
+        if l.consumed - l.credited >= (self.opts.slots as u64).div_ceil(2) {
+            self.send_credit(peer)?;
+        }
+        Ok(())
+    }
+
+    /// Tells every peer about messages consumed and not yet credited.
+    fn flush_credits(&mut self) -> Result<(), CollError> {
+        for p in 0..self.size {
+            if self.links[p]
+                .as_ref()
+                .is_some_and(|l| l.consumed > l.credited && l.failed.is_none())
+            {
+                self.send_credit(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn send_credit(&mut self, peer: usize) -> Result<(), CollError> {
+        let l = self.links[peer].as_mut().expect("a link to every other rank");
+        // The word may be read by the transport later than this post (over UDP): a later,
+        // larger count in its place is as true.
+        self.credit_src.write_u64(8 * peer, l.consumed)?;
+        let mut wr = SendWr::new(
+            CREDIT_WR | peer as u64,
+            SendOp::Write,
+            vec![self.credit_src.sge(8 * peer, 8)?],
+        )
+        .remote(l.credit.addr, l.credit.rkey);
+        wr.flags.signaled = false;
+        l.qp.post_send(wr)?;
+        l.credited = l.consumed;
+        Ok(())
+    }
+}
+
+fn push_slices<'a>(
+    q: &mut VecDeque<(&'a MemoryRegion, usize, usize)>,
+    mr: &'a MemoryRegion,
+    off: usize,
+    len: usize,
+    slice: usize,
+) {
+    let mut at = 0;
+    while at < len {
+        let l = slice.min(len - at);
+        q.push_back((mr, off + at, l));
+        at += l;
     }
 }

@@ -16,6 +16,7 @@
 //! `memcpy`). f16 and bf16 are computed in f32 and rounded back, as NCCL does.
 
 mod comm;
+mod ops;
 mod reduce;
 pub mod store;
 

@@ -26,7 +26,7 @@ fn child_rank() {
     let elems: usize = elems.parse().unwrap();
     let opts = CommOptions {
         timeout: Duration::from_secs(30),
-        segment_bytes: 1 << 16,
+        slot_bytes: 1 << 16,
         ..CommOptions::default()
     };
     let mut comm = Communicator::from_env(&opts).unwrap();
