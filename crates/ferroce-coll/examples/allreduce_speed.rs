@@ -21,7 +21,7 @@ fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let master = listener.local_addr().unwrap();
     let mut listener = Some(listener);
-    let iters = 5;
+    let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
     let threads: Vec<_> = (0..n)
         .map(|rank| {
             let l = if rank == 0 { listener.take() } else { None };
@@ -32,14 +32,15 @@ fn main() {
                     None => Store::connect(master, rank, n, opts.timeout).unwrap(),
                 };
                 let mut comm = Communicator::with_store(store, master, &opts).unwrap();
-                let mut buf = vec![0u8; bytes];
+                let mut buf: Vec<u8> = (0..bytes / 4).flat_map(|i| (i as f32).to_ne_bytes()).collect();
                 comm.allreduce(&mut buf, DataType::F32, ReduceOp::Sum)
                     .unwrap();
                 comm.barrier().unwrap();
                 let t = Instant::now();
-                for _ in 0..iters {
-                    comm.allreduce(&mut buf, DataType::F32, ReduceOp::Sum)
-                        .unwrap();
+                for i in 0..iters {
+                    if let Err(e) = comm.allreduce(&mut buf, DataType::F32, ReduceOp::Sum) {
+                        panic!("rank {rank} iteration {i}: {e}");
+                    }
                 }
                 t.elapsed().as_secs_f64() / iters as f64
             })

@@ -188,6 +188,8 @@ const ABORT_IMM: u32 = u32::MAX;
 /// The work-request id of an abort; a credit's is its peer with this bit set; a message's is
 /// its peer.
 const ABORT_WR: u64 = u64::MAX;
+/// The work-request id of the WRITE that closes a link when the communicator is dropped.
+const CLOSE_WR: u64 = u64::MAX - 1;
 const CREDIT_WR: u64 = 1 << 32;
 /// Messages up to this size carry their bytes inline in the WRITE with immediate.
 const INLINE_BYTES: usize = 4096;
@@ -199,6 +201,8 @@ struct Link {
     slots: RemoteRegion,
     /// This rank's credit word in the peer's credit region.
     credit: RemoteRegion,
+    /// This rank's header words (one per slot) in the peer's header region.
+    headers: RemoteRegion,
     /// Messages posted to the peer.
     sent: u64,
     /// Of those, how many completed (the peer's transport acknowledged them).
@@ -207,7 +211,7 @@ struct Link {
     consumed: u64,
     /// The consumed count last written to the peer's credit word.
     credited: u64,
-    /// Immediates of messages arrived and not yet consumed, in order.
+    /// Immediates of messages arrived with one and not yet consumed, in order.
     arrived: VecDeque<u32>,
     /// Receives posted and not yet consumed.
     posted: usize,
@@ -276,6 +280,10 @@ pub struct Communicator {
     credits: MemoryRegion,
     /// Where the credit WRITEs take their words from, a word by rank.
     credit_src: MemoryRegion,
+    /// Where same-host peers mark their messages arrived: a word per slot, by rank.
+    headers: MemoryRegion,
+    /// Where the header WRITEs take their words from, a word per slot, by rank.
+    header_src: MemoryRegion,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     _pd: ProtectionDomain,
@@ -343,7 +351,7 @@ pub(crate) fn digest(kind: u8, parts: &[u64]) -> u16 {
     }
 }
 
-const CARD_HEADER: usize = 8 + 4 + 2 * 20;
+const CARD_HEADER: usize = 8 + 4 + 3 * 20;
 
 fn put_region(card: &mut Vec<u8>, r: RemoteRegion) {
     card.extend_from_slice(&r.addr.to_be_bytes());
@@ -422,6 +430,8 @@ impl Communicator {
         let inbox = pd.alloc_mr(size * opts.slots * opts.slot_bytes, remote_write)?;
         let credits = pd.alloc_mr(8 * size, remote_write)?;
         let credit_src = pd.alloc_mr(8 * size, Access::LOCAL_WRITE)?;
+        let headers = pd.alloc_mr(8 * size * opts.slots, remote_write)?;
+        let header_src = pd.alloc_mr(8 * size * opts.slots, Access::LOCAL_WRITE)?;
         let caps = QpCaps {
             max_send_wr: (4 * opts.slots + 64) as u32,
             max_recv_wr: RECV_DEPTH as u32,
@@ -450,6 +460,7 @@ impl Communicator {
         card.extend_from_slice(&(opts.slots as u32).to_be_bytes());
         put_region(&mut card, region_of(&inbox));
         put_region(&mut card, region_of(&credits));
+        put_region(&mut card, region_of(&headers));
         let mut locals = Vec::with_capacity(size);
         for q in &qps {
             let e = q.as_ref().map(|q| q.endpoint_info(psn(q.qpn()), None));
@@ -487,11 +498,15 @@ impl Communicator {
             }
             let inbox_of = get_region(&c[12..32]);
             let credits_of = get_region(&c[32..52]);
+            let headers_of = get_region(&c[52..72]);
             let area = (opts.slots * opts.slot_bytes) as u64;
             let at = CARD_HEADER + rank * ENDPOINT_LEN;
             let peer = EndpointInfo::from_bytes(&c[at..at + ENDPOINT_LEN])
                 .map_err(|e| CollError::BadCard(r, e.to_string()))?;
-            if inbox_of.len < area * size as u64 || credits_of.len < 8 * size as u64 {
+            if inbox_of.len < area * size as u64
+                || credits_of.len < 8 * size as u64
+                || headers_of.len < 8 * (size * opts.slots) as u64
+            {
                 return Err(CollError::BadCard(r, "regions too small".into()));
             }
             qp.connect(&local, &peer, &ConnectOptions::default())?;
@@ -513,6 +528,11 @@ impl Communicator {
                     len: 8,
                     rkey: credits_of.rkey,
                 },
+                headers: RemoteRegion {
+                    addr: headers_of.addr + (8 * opts.slots * rank) as u64,
+                    len: 8 * opts.slots as u64,
+                    rkey: headers_of.rkey,
+                },
                 sent: 0,
                 done: 0,
                 consumed: 0,
@@ -532,6 +552,8 @@ impl Communicator {
             inbox,
             credits,
             credit_src,
+            headers,
+            header_src,
             send_cq,
             recv_cq,
             _pd: pd,
@@ -681,25 +703,34 @@ impl Communicator {
     /// and moves every QP to ERR.
     fn break_with(&mut self, e: &CollError) {
         self.broken = Some(e.to_string());
+        self.post_last(ABORT_WR, Duration::from_millis(200));
         for l in self.links.iter().flatten() {
-            if l.failed.is_none() {
-                let wr = SendWr::new(ABORT_WR, SendOp::WriteWithImm(ABORT_IMM), vec![])
-                    .remote(l.slots.addr, l.slots.rkey);
-                let _ = l.qp.post_send(wr);
-            }
+            l.qp.modify_to_error();
         }
-        let until = Instant::now() + Duration::from_millis(200);
-        let mut outstanding = self.links.iter().flatten().filter(|l| l.failed.is_none()).count();
+    }
+
+    /// Posts a last signaled request to every live peer (an abort, or a zero-byte WRITE that
+    /// closes the link) and waits up to `wait` for them all to complete: by RC's ordering,
+    /// everything posted before (credits a peer still needs) has then arrived too.
+    fn post_last(&mut self, wr_id: u64, wait: Duration) {
+        let mut outstanding = 0;
+        for l in self.links.iter().flatten().filter(|l| l.failed.is_none()) {
+            let op = if wr_id == ABORT_WR {
+                SendOp::WriteWithImm(ABORT_IMM)
+            } else {
+                SendOp::Write
+            };
+            let wr = SendWr::new(wr_id, op, vec![]).remote(l.slots.addr, l.slots.rkey);
+            outstanding += usize::from(l.qp.post_send(wr).is_ok());
+        }
+        let until = Instant::now() + wait;
         while outstanding > 0 && Instant::now() < until {
             match self.send_cq.poll_one() {
-                Ok(Some(wc)) if wc.wr_id == ABORT_WR => outstanding -= 1,
+                Ok(Some(wc)) if wc.wr_id == wr_id => outstanding -= 1,
                 Ok(Some(_)) => {}
                 Ok(None) => std::thread::yield_now(),
                 Err(_) => break,
             }
-        }
-        for l in self.links.iter().flatten() {
-            l.qp.modify_to_error();
         }
     }
 
@@ -771,10 +802,9 @@ impl Communicator {
             progressed |= self.poll_arrivals()?;
             for p in 0..n {
                 while let Some((item, done)) = ins[p].front_mut() {
-                    let link = self.links[p].as_ref().expect("a link to every other rank");
-                    if link.arrived.is_empty() {
+                    let Some(imm) = self.next_arrival(p)? else {
                         break;
-                    }
+                    };
                     if let Some((q, count)) = item.after {
                         let l = self.links[q].as_ref().expect("a link to every other rank");
                         if l.done < base_sent[q] + count {
@@ -783,7 +813,7 @@ impl Communicator {
                     }
                     let len = slice.min(item.len - *done);
                     let at = *done;
-                    self.consume(p, in_digest, len, |src| {
+                    self.consume(p, imm, in_digest, len, |src| {
                         // SAFETY: the caller vouches for the action's pointer over the item's
                         // `len` bytes, of which `at..at + len` is a part.
                         match item.action {
@@ -817,7 +847,7 @@ impl Communicator {
                 continue;
             }
             self.flush_credits()?;
-            self.check_peers(&involved)?;
+            self.check_peers(|p| !ins[p].is_empty() || !queues[p].is_empty())?;
             if last_progress.elapsed() > self.opts.timeout {
                 let rank = (0..n)
                     .find(|&p| !ins[p].is_empty() || !queues[p].is_empty())
@@ -837,16 +867,22 @@ impl Communicator {
         self.flush_credits()?;
         // Everything sent has completed before the caller may reuse its buffers.
         let mut last_progress = Instant::now();
-        while let Some(p) = (0..n).find(|&p| {
-            self.links[p]
-                .as_ref()
-                .is_some_and(|l| l.done < l.sent && involved[p])
-        }) {
+        // A peer that failed after consuming them all needs no acknowledgement (its QP is in
+        // ERR: nothing reads the sources again).
+        let drained = |c: &Communicator, p: usize| {
+            c.links[p].as_ref().is_none_or(|l| {
+                !involved[p]
+                    || l.done >= l.sent
+                    || (l.failed.is_some()
+                        && c.credits.read_u64(8 * p).is_ok_and(|freed| freed >= l.sent))
+            })
+        };
+        while let Some(p) = (0..n).find(|&p| !drained(self, p)) {
             if self.poll_sends()? | self.poll_arrivals()? {
                 last_progress = Instant::now();
                 continue;
             }
-            self.check_peers(&involved)?;
+            self.check_peers(|_| false)?;
             if last_progress.elapsed() > self.opts.timeout {
                 return Err(CollError::Timeout {
                     rank: p,
@@ -881,6 +917,35 @@ impl Communicator {
         let slots = self.opts.slots as u64;
         let l = self.links[peer].as_mut().expect("a link to every other rank");
         let dst = l.slots.addr + (l.sent % slots) * slot_bytes as u64;
+        if l.qp.provider() == Provider::Shm {
+            // Over shared memory a WRITE runs in this call, straight into the peer's memory,
+            // as long as nothing is queued before it. A WRITE with immediate would queue (it
+            // needs the peer's receive and acknowledgement) and push every later message onto
+            // the packet path, so the message is marked arrived with a WRITE of its slot's
+            // header word instead, which the receiver polls: data, then header, in order.
+            let slot = (l.sent % slots) as usize;
+            let word = (l.sent + 1) << 16 | u64::from(digest);
+            let at = 8 * (peer * slots as usize + slot);
+            self.header_src.write_u64(at, word)?;
+            let mut wrs = Vec::with_capacity(2);
+            if len > 0 {
+                let mut w = SendWr::new(peer as u64, SendOp::Write, vec![mr.sge(off, len)?])
+                    .remote(dst, l.slots.rkey);
+                w.flags.signaled = false;
+                wrs.push(w);
+            }
+            wrs.push(
+                SendWr::new(
+                    peer as u64,
+                    SendOp::Write,
+                    vec![self.header_src.sge(at, 8)?],
+                )
+                .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey),
+            );
+            l.qp.post_send_batch(wrs)?;
+            l.sent += 1;
+            return Ok(());
+        }
         let imm = u32::from(digest) << 16 | (l.sent & 0xffff) as u32;
         let signal = SendWr::new(peer as u64, SendOp::WriteWithImm(imm), vec![]);
         if len <= INLINE_BYTES {
@@ -911,9 +976,12 @@ impl Communicator {
             };
             if wc.status != WcStatus::Success {
                 l.failed.get_or_insert(wc.status);
-                if wc.wr_id & CREDIT_WR != 0 {
-                    // A credit to a peer that has finished and left: only a phase that needs
-                    // the peer fails (`check_peers`).
+                let consumed = self.credits.read_u64(8 * peer)?;
+                if wc.wr_id & CREDIT_WR != 0 || consumed >= l.sent {
+                    // A peer that consumed everything this rank sent it, finished and left
+                    // before its acknowledgements came back (the QP is in ERR now, so nothing
+                    // reads the sources again): only a phase that needs it fails
+                    // (`check_peers`).
                     continue;
                 }
                 return Err(CollError::Transfer {
@@ -974,11 +1042,13 @@ impl Communicator {
         Ok(any)
     }
 
-    /// Fails if a peer the phase needs failed.
-    fn check_peers(&self, involved: &[bool]) -> Result<(), CollError> {
+    /// Fails if a peer the phase still needs failed (`needed(p)`: bytes to send it or take
+    /// from it), or one that has not consumed all this rank sent it.
+    fn check_peers(&self, needed: impl Fn(usize) -> bool) -> Result<(), CollError> {
         for (p, l) in self.links.iter().enumerate() {
             if let Some(l) = l {
-                if let (true, Some(status)) = (involved[p], l.failed) {
+                let unconsumed = self.credits.read_u64(8 * p)? < l.sent;
+                if let (true, Some(status)) = (needed(p) || unconsumed, l.failed) {
                     return Err(CollError::Transfer {
                         rank: p,
                         what: "the QP",
@@ -990,11 +1060,29 @@ impl Communicator {
         Ok(())
     }
 
+    /// The immediate of `peer`'s next message if it arrived: with a WRITE with immediate, or
+    /// (same-host peers) marked in its slot's header word as `(index + 1) << 16 | digest`.
+    fn next_arrival(&self, peer: usize) -> Result<Option<u32>, CollError> {
+        let l = self.links[peer].as_ref().expect("a link to every other rank");
+        let index = l.consumed;
+        if let Some(&imm) = l.arrived.front() {
+            if imm as u16 == index as u16 {
+                return Ok(Some(imm));
+            }
+        }
+        let slots = self.opts.slots;
+        let word = self
+            .headers
+            .read_u64(8 * (peer * slots + (index % slots as u64) as usize))?;
+        Ok((word >> 16 == index + 1).then_some((word as u32) << 16 | (index & 0xffff) as u32))
+    }
+
     /// Consumes the next message from `peer` (`len` bytes expected), running `f` on its bytes
     /// where they landed, and frees its slot.
     fn consume(
         &mut self,
         peer: usize,
+        imm: u32,
         digest: u16,
         len: usize,
         f: impl FnOnce(&[u8]) -> Result<(), crate::reduce::ReduceError>,
@@ -1002,7 +1090,9 @@ impl Communicator {
         let slot_bytes = self.opts.slot_bytes;
         let slots = self.opts.slots;
         let l = self.links[peer].as_mut().expect("a link to every other rank");
-        let imm = l.arrived.pop_front().expect("an arrival");
+        if l.arrived.front() == Some(&imm) {
+            l.arrived.pop_front();
+        }
         let want = (l.consumed & 0xffff) as u16;
         if (imm >> 16) as u16 != digest {
             return Err(CollError::Mismatch {
@@ -1059,6 +1149,17 @@ impl Communicator {
         l.qp.post_send(wr)?;
         l.credited = l.consumed;
         Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    /// Closes the links gracefully: a peer still finishing the last collective gets the
+    /// credits (and acknowledgements) it waits for before this rank's QPs go away.
+    fn drop(&mut self) {
+        if self.broken.is_none() {
+            let _ = self.flush_credits();
+            self.post_last(CLOSE_WR, self.opts.timeout.min(Duration::from_secs(2)));
+        }
     }
 }
 
