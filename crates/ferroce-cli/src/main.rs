@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 mod chaos;
+mod coll;
 mod decode;
 mod demo;
 mod devices;
@@ -47,6 +48,28 @@ enum Command {
     /// A fault-injecting relay between two ferroce peers (loss, reordering, duplication,
     /// corruption, delay, blackholes).
     Chaos(chaos::ChaosArgs),
+    /// nccl-tests' all_reduce_perf over ferroce collectives (same flags, table and busbw);
+    /// ranks from torchrun's or mpirun's environment, or `--ranks N` local ones.
+    #[command(name = "all_reduce_perf")]
+    AllReducePerf(coll::CollArgs),
+    /// nccl-tests' all_gather_perf (see all_reduce_perf).
+    #[command(name = "all_gather_perf")]
+    AllGatherPerf(coll::CollArgs),
+    /// nccl-tests' reduce_scatter_perf (see all_reduce_perf).
+    #[command(name = "reduce_scatter_perf")]
+    ReduceScatterPerf(coll::CollArgs),
+    /// nccl-tests' broadcast_perf (see all_reduce_perf).
+    #[command(name = "broadcast_perf")]
+    BroadcastPerf(coll::CollArgs),
+    /// nccl-tests' reduce_perf (see all_reduce_perf).
+    #[command(name = "reduce_perf")]
+    ReducePerf(coll::CollArgs),
+    /// nccl-tests' alltoall_perf (see all_reduce_perf).
+    #[command(name = "alltoall_perf")]
+    AlltoallPerf(coll::CollArgs),
+    /// nccl-tests' sendrecv_perf: each rank sends to the next and receives from the previous.
+    #[command(name = "sendrecv_perf")]
+    SendrecvPerf(coll::CollArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +111,13 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Devices => devices::run(),
         Command::Chaos(args) => chaos::run(&args),
+        Command::AllReducePerf(args) => coll::run(coll::Collective::AllReduce, &args),
+        Command::AllGatherPerf(args) => coll::run(coll::Collective::AllGather, &args),
+        Command::ReduceScatterPerf(args) => coll::run(coll::Collective::ReduceScatter, &args),
+        Command::BroadcastPerf(args) => coll::run(coll::Collective::Broadcast, &args),
+        Command::ReducePerf(args) => coll::run(coll::Collective::Reduce, &args),
+        Command::AlltoallPerf(args) => coll::run(coll::Collective::Alltoall, &args),
+        Command::SendrecvPerf(args) => coll::run(coll::Collective::Sendrecv, &args),
     };
     finish(result)
 }

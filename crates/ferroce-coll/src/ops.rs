@@ -614,6 +614,27 @@ impl Communicator {
         Ok(())
     }
 
+    /// As [`reduce`](Self::reduce) in place: `buf` is this rank's input, and on rank `root`
+    /// it gets the result (elsewhere it is left alone).
+    pub fn reduce_in_place(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CollError> {
+        // `reduce` works on a copy of its input anyway.
+        let input = buf.to_vec();
+        self.reduce(&input, buf, dtype, op, root)
+    }
+
+    /// As [`alltoall`](Self::alltoall) in place: `buf`'s blocks are sent and replaced by the
+    /// blocks received.
+    pub fn alltoall_in_place(&mut self, buf: &mut [u8]) -> Result<(), CollError> {
+        let input = buf.to_vec();
+        self.alltoall(&input, buf)
+    }
+
     /// Sends block `j` of `input` (`n` equal blocks) to rank `j`; block `i` of `output` gets
     /// block `rank` of rank `i`'s input.
     pub fn alltoall(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), CollError> {

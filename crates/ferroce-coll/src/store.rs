@@ -34,9 +34,23 @@ pub struct RankInfo {
 
 impl RankInfo {
     /// Reads torchrun's environment: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (and
-    /// `LOCAL_RANK` if set).
+    /// `LOCAL_RANK` if set). Under Open MPI's or a PMI launcher's `mpirun`, which set their
+    /// own rank variables, `RANK`, `WORLD_SIZE` and `LOCAL_RANK` fall back to
+    /// `OMPI_COMM_WORLD_RANK`/`PMI_RANK`, `OMPI_COMM_WORLD_SIZE`/`PMI_SIZE` and
+    /// `OMPI_COMM_WORLD_LOCAL_RANK` (`MASTER_ADDR` and `MASTER_PORT` still come from the
+    /// caller: `mpirun -x MASTER_ADDR=... -x MASTER_PORT=...`).
     pub fn from_env() -> Result<RankInfo, StoreError> {
-        Self::from_vars(|k| std::env::var(k).ok())
+        Self::from_vars(|k| {
+            let fallbacks: &[&str] = match k {
+                "RANK" => &["OMPI_COMM_WORLD_RANK", "PMI_RANK"],
+                "WORLD_SIZE" => &["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"],
+                "LOCAL_RANK" => &["OMPI_COMM_WORLD_LOCAL_RANK"],
+                _ => &[],
+            };
+            std::iter::once(k)
+                .chain(fallbacks.iter().copied())
+                .find_map(|v| std::env::var(v).ok())
+        })
     }
 
     /// As [`from_env`](Self::from_env), from any source of variables.
