@@ -207,6 +207,9 @@ struct Link {
     sent: u64,
     /// Of those, how many completed (the peer's transport acknowledged them).
     done: u64,
+    /// How many messages must complete before no request reads a caller's buffer any more
+    /// (an inline message was copied at its post, so it needs no waiting for).
+    reads_until: u64,
     /// Messages from the peer consumed.
     consumed: u64,
     /// The consumed count last written to the peer's credit word.
@@ -535,6 +538,7 @@ impl Communicator {
                 },
                 sent: 0,
                 done: 0,
+                reads_until: 0,
                 consumed: 0,
                 credited: 0,
                 arrived: VecDeque::new(),
@@ -798,8 +802,8 @@ impl Communicator {
                     progressed = true;
                 }
             }
-            progressed |= self.poll_sends()?;
             progressed |= self.poll_arrivals()?;
+            progressed |= self.poll_sends()?;
             for p in 0..n {
                 while let Some((item, done)) = ins[p].front_mut() {
                     let Some(imm) = self.next_arrival(p)? else {
@@ -864,15 +868,16 @@ impl Communicator {
             }
             idle(&mut polls);
         }
-        self.flush_credits()?;
-        // Everything sent has completed before the caller may reuse its buffers.
+        // Credits for what this phase consumed go out when this rank next waits (or drops the
+        // communicator), off the path of a latency-bound exchange. Every send that reads a
+        // caller's buffer has completed before the caller may reuse it.
         let mut last_progress = Instant::now();
         // A peer that failed after consuming them all needs no acknowledgement (its QP is in
         // ERR: nothing reads the sources again).
         let drained = |c: &Communicator, p: usize| {
             c.links[p].as_ref().is_none_or(|l| {
                 !involved[p]
-                    || l.done >= l.sent
+                    || l.done >= l.reads_until
                     || (l.failed.is_some()
                         && c.credits.read_u64(8 * p).is_ok_and(|freed| freed >= l.sent))
             })
@@ -944,6 +949,7 @@ impl Communicator {
             );
             l.qp.post_send_batch(wrs)?;
             l.sent += 1;
+            l.reads_until = l.sent;
             return Ok(());
         }
         let imm = u32::from(digest) << 16 | (l.sent & 0xffff) as u32;
@@ -960,6 +966,7 @@ impl Communicator {
             write.flags.signaled = false;
             l.qp
                 .post_send_batch([write, signal.remote(dst, l.slots.rkey)])?;
+            l.reads_until = l.sent + 1;
         }
         l.sent += 1;
         Ok(())
@@ -984,6 +991,9 @@ impl Communicator {
                     // (`check_peers`).
                     continue;
                 }
+                // A peer that failed says so before its QPs go to ERR: report its abort
+                // rather than the flush that followed.
+                self.poll_arrivals()?;
                 return Err(CollError::Transfer {
                     rank: peer,
                     what: "a send",
