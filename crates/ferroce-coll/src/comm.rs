@@ -51,7 +51,7 @@ use ferroce::cm::{EndpointInfo, RemoteRegion, ENDPOINT_LEN};
 use ferroce::{
     Access, CompletionQueue, ConnectOptions, Context, ContextOptions, MemoryRegion,
     ProtectionDomain, Provider, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcOpcode,
-    WcStatus,
+    WcStatus, WorkCompletion,
 };
 
 use crate::reduce::{reduce_into, DataType, ReduceOp};
@@ -185,14 +185,18 @@ pub enum CollError {
 const RECV_DEPTH: usize = 64;
 /// The immediate of an abort (its digest, `0xffff`, is never a call's).
 const ABORT_IMM: u32 = u32::MAX;
-/// The work-request id of an abort; a credit's is its peer with this bit set; a message's is
-/// its peer.
+/// Work-request ids: a message's is its index above bit 16 and its peer below; a credit's is
+/// its peer with `CREDIT_WR` set; an abort's and a close's are their own.
 const ABORT_WR: u64 = u64::MAX;
+const PEER_BITS: u64 = 0x7fff;
 /// The work-request id of the WRITE that closes a link when the communicator is dropped.
 const CLOSE_WR: u64 = u64::MAX - 1;
-const CREDIT_WR: u64 = 1 << 32;
+const CREDIT_WR: u64 = 0x8000;
+/// How long a rank waits with nothing to do before it sends the credits it owes (sooner, at
+/// half its slots, in `consume`): a latency-bound exchange gets its next message first.
+const CREDIT_IDLE: Duration = Duration::from_micros(50);
 /// Messages up to this size carry their bytes inline in the WRITE with immediate.
-const INLINE_BYTES: usize = 4096;
+const INLINE_BYTES: usize = 64 << 10;
 
 /// One other rank as this rank sees it.
 struct Link {
@@ -240,6 +244,9 @@ pub(crate) enum Action {
     Copy(*mut u8),
     /// Reduced into the bytes at the pointer.
     Reduce(*mut u8, DataType, ReduceOp),
+    /// Reduced with the bytes at the first pointer into the second (out of place: a copy of
+    /// each block, still in L1, then the reduction).
+    ReduceFrom(*const u8, *mut u8, DataType, ReduceOp),
 }
 
 /// Bytes a phase receives from `peer`.
@@ -287,8 +294,9 @@ pub struct Communicator {
     headers: MemoryRegion,
     /// Where the header WRITEs take their words from, a word per slot, by rank.
     header_src: MemoryRegion,
-    send_cq: CompletionQueue,
-    recv_cq: CompletionQueue,
+    /// Completions of sends and receives both: one poll (and one pass over the socket, when
+    /// this thread drives progress) sees everything.
+    cq: CompletionQueue,
     _pd: ProtectionDomain,
     ctx: Context,
     /// Why the communicator is broken, if it is.
@@ -427,8 +435,7 @@ impl Communicator {
         })?;
         let pd = ctx.alloc_pd()?;
         let per_peer = 2 * opts.slots + 8;
-        let send_cq = ctx.create_cq(per_peer * 4 * size.max(1), None)?;
-        let recv_cq = ctx.create_cq((RECV_DEPTH + 16) * size.max(1), None)?;
+        let cq = ctx.create_cq((per_peer * 4 + RECV_DEPTH + 16) * size.max(1), None)?;
         let remote_write = Access::LOCAL_WRITE.with(Access::REMOTE_WRITE);
         let inbox = pd.alloc_mr(size * opts.slots * opts.slot_bytes, remote_write)?;
         let credits = pd.alloc_mr(8 * size, remote_write)?;
@@ -447,8 +454,8 @@ impl Communicator {
                 None
             } else {
                 Some(pd.create_qp(&QpInitAttr {
-                    send_cq: &send_cq,
-                    recv_cq: &recv_cq,
+                    send_cq: &cq,
+                    recv_cq: &cq,
                     caps,
                     srq: None,
                 })?)
@@ -558,8 +565,7 @@ impl Communicator {
             credit_src,
             headers,
             header_src,
-            send_cq,
-            recv_cq,
+            cq,
             _pd: pd,
             ctx,
             broken: None,
@@ -729,7 +735,7 @@ impl Communicator {
         }
         let until = Instant::now() + wait;
         while outstanding > 0 && Instant::now() < until {
-            match self.send_cq.poll_one() {
+            match self.cq.poll_one() {
                 Ok(Some(wc)) if wc.wr_id == wr_id => outstanding -= 1,
                 Ok(Some(_)) => {}
                 Ok(None) => std::thread::yield_now(),
@@ -802,16 +808,18 @@ impl Communicator {
                     progressed = true;
                 }
             }
-            progressed |= self.poll_arrivals()?;
-            progressed |= self.poll_sends()?;
+            progressed |= self.poll()?;
             for p in 0..n {
                 while let Some((item, done)) = ins[p].front_mut() {
                     let Some(imm) = self.next_arrival(p)? else {
                         break;
                     };
                     if let Some((q, count)) = item.after {
+                        // The messages must have been posted (an inline one copies its bytes
+                        // then), and those that read the buffer later must have completed.
                         let l = self.links[q].as_ref().expect("a link to every other rank");
-                        if l.done < base_sent[q] + count {
+                        let upto = base_sent[q] + count;
+                        if l.sent < upto || l.done < upto.min(l.reads_until) {
                             break;
                         }
                     }
@@ -828,6 +836,21 @@ impl Communicator {
                             Action::Reduce(dst, dtype, op) => unsafe {
                                 let dst = std::slice::from_raw_parts_mut(dst.add(at), len);
                                 reduce_into(dst, src, dtype, op)
+                            },
+                            Action::ReduceFrom(from, dst, dtype, op) => unsafe {
+                                // A block at a time, so the copy is still in L1 when the
+                                // reduction reads it back.
+                                const BLOCK: usize = 16 << 10;
+                                let mut b = 0;
+                                while b < len {
+                                    let l = BLOCK.min(len - b);
+                                    let d = dst.add(at + b);
+                                    std::ptr::copy_nonoverlapping(from.add(at + b), d, l);
+                                    let d = std::slice::from_raw_parts_mut(d, l);
+                                    reduce_into(d, &src[b..b + l], dtype, op)?;
+                                    b += l;
+                                }
+                                Ok(())
                             },
                         }
                     })?;
@@ -850,7 +873,9 @@ impl Communicator {
                 last_progress = Instant::now();
                 continue;
             }
-            self.flush_credits()?;
+            if last_progress.elapsed() > CREDIT_IDLE {
+                self.flush_credits()?;
+            }
             self.check_peers(|p| !ins[p].is_empty() || !queues[p].is_empty())?;
             if last_progress.elapsed() > self.opts.timeout {
                 let rank = (0..n)
@@ -883,7 +908,7 @@ impl Communicator {
             })
         };
         while let Some(p) = (0..n).find(|&p| !drained(self, p)) {
-            if self.poll_sends()? | self.poll_arrivals()? {
+            if self.poll()? {
                 last_progress = Instant::now();
                 continue;
             }
@@ -922,6 +947,7 @@ impl Communicator {
         let slots = self.opts.slots as u64;
         let l = self.links[peer].as_mut().expect("a link to every other rank");
         let dst = l.slots.addr + (l.sent % slots) * slot_bytes as u64;
+        let wr_id = l.sent << 16 | peer as u64;
         if l.qp.provider() == Provider::Shm {
             // Over shared memory a WRITE runs in this call, straight into the peer's memory,
             // as long as nothing is queued before it. A WRITE with immediate would queue (it
@@ -934,14 +960,14 @@ impl Communicator {
             self.header_src.write_u64(at, word)?;
             let mut wrs = Vec::with_capacity(2);
             if len > 0 {
-                let mut w = SendWr::new(peer as u64, SendOp::Write, vec![mr.sge(off, len)?])
+                let mut w = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(off, len)?])
                     .remote(dst, l.slots.rkey);
                 w.flags.signaled = false;
                 wrs.push(w);
             }
             wrs.push(
                 SendWr::new(
-                    peer as u64,
+                    wr_id,
                     SendOp::Write,
                     vec![self.header_src.sge(at, 8)?],
                 )
@@ -953,15 +979,18 @@ impl Communicator {
             return Ok(());
         }
         let imm = u32::from(digest) << 16 | (l.sent & 0xffff) as u32;
-        let signal = SendWr::new(peer as u64, SendOp::WriteWithImm(imm), vec![]);
+        let signal = SendWr::new(wr_id, SendOp::WriteWithImm(imm), vec![]);
         if len <= INLINE_BYTES {
+            // Copied into the request: nothing waits for its completion, so it need not ask
+            // the peer for an acknowledgement (a ferroce peer's next one covers it).
             let mut data = vec![0u8; len];
             mr.read(off, &mut data)?;
             let mut wr = signal.remote(dst, l.slots.rkey);
             wr.inline_data = Some(data);
+            wr.flags.signaled = false;
             l.qp.post_send(wr)?;
         } else {
-            let mut write = SendWr::new(peer as u64, SendOp::Write, vec![mr.sge(off, len)?])
+            let mut write = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(off, len)?])
                 .remote(dst, l.slots.rkey);
             write.flags.signaled = false;
             l.qp
@@ -972,14 +1001,38 @@ impl Communicator {
         Ok(())
     }
 
-    /// Takes the completions of sends; whether there were any.
-    fn poll_sends(&mut self) -> Result<bool, CollError> {
+    /// Takes every completion there is; whether there were any. A peer's abort is reported
+    /// before any other failure taken in the same poll (the flush that follows it, say).
+    fn poll(&mut self) -> Result<bool, CollError> {
         let mut any = false;
-        while let Some(wc) = self.send_cq.poll_one()? {
+        let mut failure = None;
+        while let Some(wc) = self.cq.poll_one()? {
             any = true;
-            let peer = (wc.wr_id & !CREDIT_WR) as usize;
+            let taken = if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                self.on_arrival(&wc)
+            } else {
+                self.on_send(&wc)
+            };
+            match taken {
+                Err(e @ CollError::PeerFailed { .. }) => return Err(e),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+                Ok(()) => {}
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(any),
+        }
+    }
+
+    /// Takes the completion of a send.
+    fn on_send(&mut self, wc: &WorkCompletion) -> Result<(), CollError> {
+        {
+            let peer = (wc.wr_id & PEER_BITS) as usize;
             let Some(l) = self.links.get_mut(peer).and_then(Option::as_mut) else {
-                continue;
+                return Ok(());
             };
             if wc.status != WcStatus::Success {
                 l.failed.get_or_insert(wc.status);
@@ -989,11 +1042,8 @@ impl Communicator {
                     // before its acknowledgements came back (the QP is in ERR now, so nothing
                     // reads the sources again): only a phase that needs it fails
                     // (`check_peers`).
-                    continue;
+                    return Ok(());
                 }
-                // A peer that failed says so before its QPs go to ERR: report its abort
-                // rather than the flush that followed.
-                self.poll_arrivals()?;
                 return Err(CollError::Transfer {
                     rank: peer,
                     what: "a send",
@@ -1001,30 +1051,29 @@ impl Communicator {
                 });
             }
             if wc.wr_id & CREDIT_WR == 0 {
-                l.done += 1;
+                // Completions come in order; unsignaled messages before this one are done too.
+                l.done = l.done.max((wc.wr_id >> 16) + 1);
             }
         }
-        Ok(any)
+        Ok(())
     }
 
-    /// Takes arrived messages (and failures of peers' QPs); whether there were any.
-    fn poll_arrivals(&mut self) -> Result<bool, CollError> {
-        let mut any = false;
-        while let Some(wc) = self.recv_cq.poll_one()? {
-            any = true;
+    /// Takes an arrived message (or the failure of a peer's QP).
+    fn on_arrival(&mut self, wc: &WorkCompletion) -> Result<(), CollError> {
+        {
             let Some(peer) = self
                 .links
                 .iter()
                 .position(|l| l.as_ref().is_some_and(|l| l.qp.qpn() == wc.qp_num))
             else {
-                continue;
+                return Ok(());
             };
             let l = self.links[peer].as_mut().expect("found");
             if wc.status != WcStatus::Success {
                 // A QP no phase uses may fail when its peer leaves: only a phase that needs
                 // the peer fails (`check_peers`).
                 l.failed.get_or_insert(wc.status);
-                continue;
+                return Ok(());
             }
             l.posted -= 1;
             while l.posted < RECV_DEPTH {
@@ -1049,7 +1098,7 @@ impl Communicator {
                 }
             }
         }
-        Ok(any)
+        Ok(())
     }
 
     /// Fails if a peer the phase still needs failed (`needed(p)`: bytes to send it or take

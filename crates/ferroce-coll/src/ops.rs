@@ -84,7 +84,7 @@ impl Communicator {
                 if len <= c.opts.small_bytes {
                     c.doubling_allreduce(d, ptr, len, dtype, op)
                 } else {
-                    c.ring_allreduce(d, ptr, len, dtype, op)
+                    c.ring_allreduce(d, None, ptr, len, dtype, op)
                 }
             })?;
         }
@@ -104,15 +104,37 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<(), CollError> {
         same_len("allreduce output", output.len(), input.len())?;
-        output.copy_from_slice(input);
-        self.allreduce(output, dtype, op)
+        if self.size == 1 || input.len() <= self.opts.small_bytes {
+            output.copy_from_slice(input);
+            return self.allreduce(output, dtype, op);
+        }
+        self.usable()?;
+        whole_elements(input.len(), dtype)?;
+        let d = digest(
+            kind::ALLREDUCE,
+            &[input.len() as u64, dtype as u64, op as u64],
+        );
+        let (src, dst, len) = (input.as_ptr(), output.as_mut_ptr(), output.len());
+        // SAFETY: `input` is only read and `output` is borrowed mutably for the call, reached
+        // only through `dst` meanwhile.
+        self.guarded(|c| unsafe { c.ring_allreduce(d, Some(src), dst, len, dtype, op) })?;
+        if op == ReduceOp::Avg {
+            finish_avg(output, dtype, self.size)?;
+        }
+        Ok(())
     }
 
+    /// The ring over `ptr..ptr + len`, in place, or out of place from `input` (as long): then
+    /// the first send reads the input, and each reduce-scatter step folds the input's chunk
+    /// and the arriving one straight into the output, so no copy of the whole input is made.
+    ///
     /// # Safety
-    /// `ptr..ptr + len` is valid and reached by nothing else during the call.
+    /// `ptr..ptr + len` is valid and reached by nothing else during the call; `input`, if
+    /// given, is valid for reads of `len` bytes and not written meanwhile.
     unsafe fn ring_allreduce(
         &mut self,
         d: u16,
+        input: Option<*const u8>,
         ptr: *mut u8,
         len: usize,
         dtype: DataType,
@@ -124,11 +146,16 @@ impl Communicator {
         let ch = |i: usize| chunk(i, n, elems, es);
         // SAFETY: the caller's contract; sends read only chunks no action writes until `after`.
         let mr = unsafe { self.register(ptr, len) }?.expect("a non-empty buffer");
+        let input_mr = match input {
+            // SAFETY: the caller's contract: the input is only read.
+            Some(p) => unsafe { self.register(p, len) }?,
+            None => None,
+        };
         let (left, right) = (self.left(), self.right());
         let mut phase = Phase {
             outs: vec![Out {
                 peer: right,
-                mr: &mr,
+                mr: input_mr.as_ref().unwrap_or(&mr),
                 off: ch(r).start,
                 len: ch(r).len(),
             }],
@@ -139,11 +166,17 @@ impl Communicator {
         // (chunk r + 1) is then complete, and passing it on starts the allgather.
         for k in 0..n - 1 {
             let c = ch(r + 2 * n - k - 1);
+            // SAFETY: inside the caller's buffers.
+            let action = unsafe {
+                match input {
+                    Some(p) => Action::ReduceFrom(p.add(c.start), ptr.add(c.start), dtype, op),
+                    None => Action::Reduce(ptr.add(c.start), dtype, op),
+                }
+            };
             phase.ins.push(In {
                 peer: left,
                 len: c.len(),
-                // SAFETY: inside the caller's buffer.
-                action: Action::Reduce(unsafe { ptr.add(c.start) }, dtype, op),
+                action,
                 forward: vec![right],
                 src: Some((&mr, c.start)),
                 after: None,
