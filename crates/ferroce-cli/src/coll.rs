@@ -269,7 +269,7 @@ impl Case {
         &self,
         comm: &mut Communicator,
         input: &[u8],
-        output: &mut Vec<u8>,
+        output: &mut [u8],
         in_place: bool,
     ) -> Result<std::ops::Range<usize>, ferroce_coll::CollError> {
         let (n, r) = (comm.size(), comm.rank());
@@ -295,7 +295,7 @@ impl Case {
                 comm.sendrecv(input, (r + 1) % n, output, (r + n - 1) % n)?
             }
             (Collective::Sendrecv, true) => {
-                let mine = output.clone();
+                let mine = output.to_vec();
                 comm.sendrecv(&mine, (r + 1) % n, output, (r + n - 1) % n)?
             }
         }
@@ -334,12 +334,14 @@ fn measure(
     };
     let mut output = fresh(&input);
     for _ in 0..args.warmup {
-        case.run(comm, &input, &mut output, in_place).map_err(fail)?;
+        case.run(comm, &input, &mut output, in_place)
+            .map_err(fail)?;
     }
     comm.barrier().map_err(fail)?;
     let started = Instant::now();
     for _ in 0..args.iters {
-        case.run(comm, &input, &mut output, in_place).map_err(fail)?;
+        case.run(comm, &input, &mut output, in_place)
+            .map_err(fail)?;
     }
     let took = started.elapsed().as_secs_f64() / args.iters.max(1) as f64;
     let mut wrong_here = 0;
@@ -368,16 +370,13 @@ pub fn run(coll: Collective, args: &CollArgs) -> Result<ExitCode, String> {
     if args.ngpus != 1 || args.nthreads != 1 {
         return Err("ferroce runs one rank per process: -g and -t must be 1".into());
     }
-    let dtype: DataType = args
-        .datatype
-        .parse()
-        .map_err(|_| {
-            format!(
-                "datatype '{}' is not supported (ferroce has: {})",
-                args.datatype,
-                DataType::ALL.map(DataType::name).join(", ")
-            )
-        })?;
+    let dtype: DataType = args.datatype.parse().map_err(|_| {
+        format!(
+            "datatype '{}' is not supported (ferroce has: {})",
+            args.datatype,
+            DataType::ALL.map(DataType::name).join(", ")
+        )
+    })?;
     let op: ReduceOp = args.op.parse().map_err(|_| {
         format!(
             "op '{}' is not supported (ferroce has: {})",

@@ -46,10 +46,15 @@ fn check_table(tool: &str, out: &str, rows: usize) -> Vec<Vec<String>> {
             assert!(row[f].parse::<f64>().is_ok(), "{tool}: {row:?}");
         }
     }
-    assert!(out.contains("# Out of bounds values : 0 OK"), "{tool}\n{out}");
+    assert!(
+        out.contains("# Out of bounds values : 0 OK"),
+        "{tool}\n{out}"
+    );
     assert!(out.contains("# Avg bus bandwidth    : "), "{tool}\n{out}");
     assert!(
-        out.contains("#       size         count      type   redop    root     time   algbw   busbw #wrong"),
+        out.contains(
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        ),
         "{tool}\n{out}"
     );
     table
@@ -65,7 +70,14 @@ fn every_tool_checks_every_element_on_local_ranks() {
             let out = ferroce()
                 .args(["--provider", provider, tool, "--ranks", &ranks.to_string()])
                 .args(["-b", "1", "-e", "600K", "-f", "9", "-n", "3", "-w", "1"])
-                .args(["-d", "bfloat16", "-o", "max", "-r", &(ranks - 1).to_string()])
+                .args([
+                    "-d",
+                    "bfloat16",
+                    "-o",
+                    "max",
+                    "-r",
+                    &(ranks - 1).to_string(),
+                ])
                 .output()
                 .unwrap();
             let all = text(&out);
@@ -73,9 +85,20 @@ fn every_tool_checks_every_element_on_local_ranks() {
             // 1, 9, 81, 729, 6561, 59049, 531441 bytes.
             let table = check_table(tool, &String::from_utf8_lossy(&out.stdout), 7);
             let rooted = matches!(tool, "broadcast_perf" | "reduce_perf");
-            let root = if rooted { (ranks - 1).to_string() } else { "-1".into() };
-            assert!(table.iter().all(|r| r[2] == "bfloat16" && r[4] == root), "{all}");
-            let links = format!("links: {} {}", ranks - 1, if provider == "auto" { "shm" } else { "udp" });
+            let root = if rooted {
+                (ranks - 1).to_string()
+            } else {
+                "-1".into()
+            };
+            assert!(
+                table.iter().all(|r| r[2] == "bfloat16" && r[4] == root),
+                "{all}"
+            );
+            let links = format!(
+                "links: {} {}",
+                ranks - 1,
+                if provider == "auto" { "shm" } else { "udp" }
+            );
             let lines = all.lines().filter(|l| l.starts_with("#  Rank")).count();
             assert_eq!(lines, ranks, "{all}");
             if ranks > 1 {
@@ -96,7 +119,11 @@ fn bad_arguments_are_refused_with_one_line() {
         (&["--ranks", "0"][..], "--ranks must be at least 1"),
         (&["-a", "7"][..], "-a takes"),
     ] {
-        let out = ferroce().arg("all_reduce_perf").args(args).output().unwrap();
+        let out = ferroce()
+            .arg("all_reduce_perf")
+            .args(args)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
@@ -111,7 +138,9 @@ fn a_killed_rank_fails_the_others_within_the_timeout() {
     for provider in ["auto", "udp"] {
         let mut rank0 = ferroce()
             .args(["--provider", provider, "all_reduce_perf", "--ranks", "3"])
-            .args(["-b", "16M", "-e", "16M", "-n", "100000", "-w", "0", "-c", "0"])
+            .args([
+                "-b", "16M", "-e", "16M", "-n", "100000", "-w", "0", "-c", "0",
+            ])
             .args(["--timeout", "3"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -120,7 +149,10 @@ fn a_killed_rank_fails_the_others_within_the_timeout() {
         // Rank 0 prints every rank's pid once all are connected.
         let mut lines = BufReader::new(rank0.stdout.take().unwrap()).lines();
         let pid = loop {
-            let line = lines.next().expect("rank 0 ended before listing the ranks").unwrap();
+            let line = lines
+                .next()
+                .expect("rank 0 ended before listing the ranks")
+                .unwrap();
             if line.starts_with("#  Rank  2") {
                 let pid = line.split_whitespace().nth(6).unwrap().to_string();
                 break pid;
@@ -128,16 +160,29 @@ fn a_killed_rank_fails_the_others_within_the_timeout() {
         };
         // Let the stream start, then kill rank 2.
         std::thread::sleep(Duration::from_millis(300));
-        assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+        assert!(Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .unwrap()
+            .success());
         let killed = Instant::now();
         let status = rank0.wait().unwrap();
         let took = killed.elapsed();
         let mut err = String::new();
         std::io::Read::read_to_string(&mut rank0.stderr.take().unwrap(), &mut err).unwrap();
-        assert!(!status.success(), "{provider}: rank 0 succeeded without rank 2\n{err}");
+        assert!(
+            !status.success(),
+            "{provider}: rank 0 succeeded without rank 2\n{err}"
+        );
         // Rank 1's error and rank 0's each make a line (rank 1 is rank 0's child).
-        assert!(err.matches("ferroce: rank").count() >= 2, "{provider}: {err}");
-        assert!(took < Duration::from_secs(12), "{provider}: {took:?}\n{err}");
+        assert!(
+            err.matches("ferroce: rank").count() >= 2,
+            "{provider}: {err}"
+        );
+        assert!(
+            took < Duration::from_secs(12),
+            "{provider}: {took:?}\n{err}"
+        );
     }
 }
 
@@ -182,7 +227,17 @@ fn four_ranks_on_two_namespace_hosts() {
         "netns", &names[1],
     ]);
     for (i, ns) in names.iter().enumerate() {
-        ip(&["-n", ns, "addr", "add", addrs[i], "peer", addrs[1 - i], "dev", "veth0"]);
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            addrs[i],
+            "peer",
+            addrs[1 - i],
+            "dev",
+            "veth0",
+        ]);
         ip(&["-n", ns, "link", "set", "veth0", "up"]);
     }
     for (k, tool) in TOOLS.iter().enumerate() {
@@ -191,8 +246,16 @@ fn four_ranks_on_two_namespace_hosts() {
             .map(|rank| {
                 let host = rank / 2;
                 Command::new("ip")
-                    .args(["netns", "exec", &names[host], env!("CARGO_BIN_EXE_ferroce"), tool])
-                    .args(["-b", "4", "-e", "3M", "-f", "16", "-n", "3", "-w", "1", "-r", "3"])
+                    .args([
+                        "netns",
+                        "exec",
+                        &names[host],
+                        env!("CARGO_BIN_EXE_ferroce"),
+                        tool,
+                    ])
+                    .args([
+                        "-b", "4", "-e", "3M", "-f", "16", "-n", "3", "-w", "1", "-r", "3",
+                    ])
                     .args(["--timeout", "20"])
                     .env("RANK", rank.to_string())
                     .env("WORLD_SIZE", "4")

@@ -32,7 +32,9 @@ fn main() {
                     None => Store::connect(master, rank, n, opts.timeout).unwrap(),
                 };
                 let mut comm = Communicator::with_store(store, master, &opts).unwrap();
-                let mut buf: Vec<u8> = (0..bytes / 4).flat_map(|i| (i as f32).to_ne_bytes()).collect();
+                let mut buf: Vec<u8> = (0..bytes / 4)
+                    .flat_map(|i| (i as f32).to_ne_bytes())
+                    .collect();
                 comm.allreduce(&mut buf, DataType::F32, ReduceOp::Sum)
                     .unwrap();
                 comm.barrier().unwrap();

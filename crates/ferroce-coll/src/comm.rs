@@ -228,11 +228,28 @@ struct Link {
     aborted: bool,
 }
 
-/// Bytes a phase sends: `len` bytes at `off` in the registered region `mr`.
+/// Where a send's bytes are.
+#[derive(Clone, Copy)]
+pub(crate) enum Src<'a> {
+    /// In a registered region (offsets are into it).
+    Mr(&'a MemoryRegion),
+    /// At a pointer (offsets are from it), for messages of at most `stage_bytes`: they are
+    /// copied at their post (into the request over UDP, into a staging slot over shared
+    /// memory), so a small collective registers nothing.
+    Ptr(*const u8),
+}
+
+impl<'a> From<&'a MemoryRegion> for Src<'a> {
+    fn from(mr: &'a MemoryRegion) -> Src<'a> {
+        Src::Mr(mr)
+    }
+}
+
+/// Bytes a phase sends: `len` bytes at `off` of `mr`.
 #[derive(Clone, Copy)]
 pub(crate) struct Out<'a> {
     pub(crate) peer: usize,
-    pub(crate) mr: &'a MemoryRegion,
+    pub(crate) mr: Src<'a>,
     pub(crate) off: usize,
     pub(crate) len: usize,
 }
@@ -257,7 +274,7 @@ pub(crate) struct In<'a> {
     /// Ranks to pass the bytes on to once they are in place: they are sent from `src` (the
     /// registered region and offset where the action left them).
     pub(crate) forward: Vec<usize>,
-    pub(crate) src: Option<(&'a MemoryRegion, usize)>,
+    pub(crate) src: Option<(Src<'a>, usize)>,
     /// Before its action: how many of this phase's messages to a rank must have completed
     /// (the action overwrites bytes those messages were sent from).
     pub(crate) after: Option<(usize, u64)>,
@@ -294,6 +311,13 @@ pub struct Communicator {
     headers: MemoryRegion,
     /// Where the header WRITEs take their words from, a word per slot, by rank.
     header_src: MemoryRegion,
+    /// Where small messages from a pointer are staged for same-host peers:
+    /// `stage_bytes` per slot, by rank.
+    stage: MemoryRegion,
+    /// Whether this host has more of the communicator's ranks than cores.
+    oversubscribed: bool,
+    /// Phases run (when to look at `oversubscribed` again).
+    runs: u64,
     /// Completions of sends and receives both: one poll (and one pass over the socket, when
     /// this thread drives progress) sees everything.
     cq: CompletionQueue,
@@ -335,14 +359,46 @@ fn device_for(master: SocketAddr) -> Result<ferroce::Device, CollError> {
         .ok_or_else(|| CollError::NoDevice(local.to_string()))
 }
 
-/// Between two idle polls: spin, and now and then give the CPU away, so that ranks (and their
-/// engines) that share a core more than they have one still all make progress.
-fn idle(polls: &mut u32) {
-    *polls = polls.wrapping_add(1);
-    if *polls % 64 == 0 {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
+/// How a rank waits: it spins, and gives the CPU away now and then (at every poll when its
+/// host has more ranks than cores, as Open MPI does when oversubscribed), so that ranks and
+/// their engines that share a core all make progress. The clock is read once when a wait
+/// begins and then every 64 polls, not at every poll.
+struct Idler {
+    polls: u32,
+    since: Option<Instant>,
+    yield_every: u32,
+}
+
+impl Idler {
+    fn new(oversubscribed: bool) -> Idler {
+        Idler {
+            polls: 0,
+            since: None,
+            yield_every: if oversubscribed { 1 } else { 64 },
+        }
+    }
+
+    /// Something happened: the next wait starts afresh.
+    fn progressed(&mut self) {
+        self.since = None;
+    }
+
+    /// One empty poll; returns how long this wait has lasted when it read the clock.
+    fn idle(&mut self) -> Option<Duration> {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % self.yield_every == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        match self.since {
+            None => {
+                self.since = Some(Instant::now());
+                Some(Duration::ZERO)
+            }
+            Some(t) if self.polls % 64 == 0 => Some(t.elapsed()),
+            Some(_) => None,
+        }
     }
 }
 
@@ -407,9 +463,14 @@ impl Communicator {
             None => device_for(master)?,
         };
         let (rank, size) = (store.rank(), store.world_size());
-        let mut comm = Communicator::build(rank, size, &device, opts, |card| {
-            Ok(store.all_gather(card)?)
-        })?;
+        let mut comm =
+            Communicator::build(
+                rank,
+                size,
+                &device,
+                opts,
+                |card| Ok(store.all_gather(card)?),
+            )?;
         // Every rank's QPs are ready before anyone sends.
         store.all_gather(&[])?;
         comm.store = Some(store);
@@ -442,6 +503,10 @@ impl Communicator {
         let credit_src = pd.alloc_mr(8 * size, Access::LOCAL_WRITE)?;
         let headers = pd.alloc_mr(8 * size * opts.slots, remote_write)?;
         let header_src = pd.alloc_mr(8 * size * opts.slots, Access::LOCAL_WRITE)?;
+        let stage = pd.alloc_mr(
+            size * opts.slots * opts.slot_bytes.min(INLINE_BYTES),
+            Access::LOCAL_WRITE,
+        )?;
         let caps = QpCaps {
             max_send_wr: (4 * opts.slots + 64) as u32,
             max_recv_wr: RECV_DEPTH as u32,
@@ -565,6 +630,9 @@ impl Communicator {
             credit_src,
             headers,
             header_src,
+            stage,
+            oversubscribed: false,
+            runs: 0,
             cq,
             _pd: pd,
             ctx,
@@ -588,9 +656,12 @@ impl Communicator {
         let mut all = vec![0u8; 16 * n];
         self.allgather(&mine, &mut all)?;
         let color_of = |r: usize| u64::from_le_bytes(all[16 * r..16 * r + 8].try_into().unwrap());
-        let key_of = |r: usize| u32::from_le_bytes(all[16 * r + 8..16 * r + 12].try_into().unwrap());
+        let key_of =
+            |r: usize| u32::from_le_bytes(all[16 * r + 8..16 * r + 12].try_into().unwrap());
         let mut group: Vec<usize> = match color {
-            Some(_) => (0..n).filter(|&r| color_of(r) == color_of(self.rank)).collect(),
+            Some(_) => (0..n)
+                .filter(|&r| color_of(r) == color_of(self.rank))
+                .collect(),
             None => Vec::new(),
         };
         group.sort_by_key(|&r| (key_of(r), r));
@@ -692,7 +763,9 @@ impl Communicator {
         // SAFETY: the caller's contract above covers `register_raw`'s: nothing else reads or
         // writes the bytes through the region, since it grants no remote rights and no receive
         // names it.
-        Ok(Some(unsafe { self._pd.register_raw(p, len, Access::NONE) }?))
+        Ok(Some(unsafe {
+            self._pd.register_raw(p, len, Access::NONE)
+        }?))
     }
 
     /// Runs `f` (a collective's phases), and on failure breaks the communicator (see the
@@ -769,7 +842,7 @@ impl Communicator {
     ) -> Result<(), CollError> {
         let n = self.size;
         let slice = phase.slice.clamp(1, self.opts.slot_bytes);
-        let mut queues: Vec<VecDeque<(&MemoryRegion, usize, usize)>> = vec![VecDeque::new(); n];
+        let mut queues: Vec<VecDeque<(Src<'_>, usize, usize)>> = vec![VecDeque::new(); n];
         let mut involved = vec![false; n];
         let base_sent: Vec<u64> = self
             .links
@@ -797,20 +870,43 @@ impl Communicator {
                 size: n,
             });
         }
-        let mut last_progress = Instant::now();
-        let mut polls = 0u32;
+        if self.runs % 64 == 0 {
+            // Links come up over shared memory a moment after they connect: look again now
+            // and then.
+            self.oversubscribed = self.host_oversubscribed();
+        }
+        self.runs = self.runs.wrapping_add(1);
+        let mut idler = Idler::new(self.oversubscribed);
+        // Same-host messages arrive in memory (header words), not in the CQ: with only such
+        // peers the CQ (send completions, aborts, failures) is looked at every 16th turn, which
+        // spares most turns a pass over the context's rings and sockets.
+        let cq_every = if (0..n).any(|p| {
+            involved[p]
+                && self.links[p]
+                    .as_ref()
+                    .is_some_and(|l| l.qp.provider() != Provider::Shm)
+        }) {
+            1
+        } else {
+            16
+        };
+        let mut turn = 0u32;
         loop {
             let mut progressed = false;
-            for p in 0..n {
-                while !queues[p].is_empty() && self.credit_available(p)? {
-                    let (mr, off, len) = queues[p].pop_front().expect("not empty");
-                    self.post_message(p, out_digest, mr, off, len)?;
+            turn = turn.wrapping_add(1);
+            for (p, queue) in queues.iter_mut().enumerate() {
+                while !queue.is_empty() && self.credit_available(p)? {
+                    let (src, off, len) = queue.pop_front().expect("not empty");
+                    // SAFETY: the caller's contract covers every source of the phase.
+                    unsafe { self.post_message(p, out_digest, src, off, len) }?;
                     progressed = true;
                 }
             }
-            progressed |= self.poll()?;
-            for p in 0..n {
-                while let Some((item, done)) = ins[p].front_mut() {
+            if turn % cq_every == 0 {
+                progressed |= self.poll()?;
+            }
+            for (p, pending) in ins.iter_mut().enumerate() {
+                while let Some((item, done)) = pending.front_mut() {
                     let Some(imm) = self.next_arrival(p)? else {
                         break;
                     };
@@ -861,7 +957,7 @@ impl Communicator {
                     }
                     *done += len;
                     if *done == item.len {
-                        ins[p].pop_front();
+                        pending.pop_front();
                     }
                     progressed = true;
                 }
@@ -870,14 +966,17 @@ impl Communicator {
                 break;
             }
             if progressed {
-                last_progress = Instant::now();
+                idler.progressed();
                 continue;
             }
-            if last_progress.elapsed() > CREDIT_IDLE {
+            let Some(waited) = idler.idle() else {
+                continue;
+            };
+            if waited > CREDIT_IDLE {
                 self.flush_credits()?;
             }
             self.check_peers(|p| !ins[p].is_empty() || !queues[p].is_empty())?;
-            if last_progress.elapsed() > self.opts.timeout {
+            if waited > self.opts.timeout {
                 let rank = (0..n)
                     .find(|&p| !ins[p].is_empty() || !queues[p].is_empty())
                     .unwrap_or(self.rank);
@@ -891,16 +990,14 @@ impl Communicator {
                     },
                 });
             }
-            idle(&mut polls);
         }
         // Credits for what this phase consumed go out when this rank next waits (or drops the
         // communicator), off the path of a latency-bound exchange. Every send that reads a
         // caller's buffer has completed before the caller may reuse it.
-        let mut last_progress = Instant::now();
         // A peer that failed after consuming them all needs no acknowledgement (its QP is in
         // ERR: nothing reads the sources again).
         let drained = |c: &Communicator, p: usize| {
-            c.links[p].as_ref().is_none_or(|l| {
+            c.links[p].as_ref().map_or(true, |l| {
                 !involved[p]
                     || l.done >= l.reads_until
                     || (l.failed.is_some()
@@ -909,46 +1006,89 @@ impl Communicator {
         };
         while let Some(p) = (0..n).find(|&p| !drained(self, p)) {
             if self.poll()? {
-                last_progress = Instant::now();
+                idler.progressed();
                 continue;
             }
+            let Some(waited) = idler.idle() else {
+                continue;
+            };
             self.check_peers(|_| false)?;
-            if last_progress.elapsed() > self.opts.timeout {
+            if waited > self.opts.timeout {
                 return Err(CollError::Timeout {
                     rank: p,
                     timeout: self.opts.timeout,
                     what: "the acknowledgement of a send",
                 });
             }
-            idle(&mut polls);
         }
         Ok(())
     }
 
+    /// The most bytes a message from a pointer ([`Src::Ptr`]) may carry.
+    pub(crate) fn stage_bytes(&self) -> usize {
+        self.opts.slot_bytes.min(INLINE_BYTES)
+    }
+
+    /// Whether this host runs more of the communicator's ranks (this one and those reached
+    /// over shared memory) than it has cores.
+    fn host_oversubscribed(&self) -> bool {
+        let here = 1 + self
+            .links
+            .iter()
+            .flatten()
+            .filter(|l| l.qp.provider() == Provider::Shm)
+            .count();
+        here > std::thread::available_parallelism().map_or(1, |c| c.get())
+    }
+
     /// Whether `peer` has a free slot for this rank's next message.
     fn credit_available(&self, peer: usize) -> Result<bool, CollError> {
-        let l = self.links[peer].as_ref().expect("a link to every other rank");
+        let l = self.links[peer]
+            .as_ref()
+            .expect("a link to every other rank");
         // The peer WRITEs its consumed count as one 8-byte word, and ferroce lands an aligned
         // 8-byte WRITE (and `read_u64` loads it) as one access: no torn value is seen.
         let freed = self.credits.read_u64(8 * peer)?;
         Ok(l.sent - freed.min(l.sent) < self.opts.slots as u64)
     }
 
-    /// Posts one message to `peer`: `len` bytes of `mr` from `off` into the next slot.
-    fn post_message(
+    /// Posts one message to `peer`: `len` bytes of `src` from `off` into the next slot.
+    ///
+    /// # Safety
+    /// A [`Src::Ptr`] must be valid for reads of `off + len` bytes, and `len` at most
+    /// [`stage_bytes`](Self::stage_bytes).
+    unsafe fn post_message(
         &mut self,
         peer: usize,
         digest: u16,
-        mr: &MemoryRegion,
+        src: Src<'_>,
         off: usize,
         len: usize,
     ) -> Result<(), CollError> {
         let slot_bytes = self.opts.slot_bytes;
         let slots = self.opts.slots as u64;
-        let l = self.links[peer].as_mut().expect("a link to every other rank");
+        let stage_bytes = self.stage_bytes();
+        let l = self.links[peer]
+            .as_mut()
+            .expect("a link to every other rank");
         let dst = l.slots.addr + (l.sent % slots) * slot_bytes as u64;
         let wr_id = l.sent << 16 | peer as u64;
-        if l.qp.provider() == Provider::Shm {
+        let shm = l.qp.provider() == Provider::Shm;
+        // A message from a pointer is copied now: into the request (UDP), or into this slot's
+        // staging bytes (shared memory), which are not written again before the peer
+        // consumed the message (its credit).
+        let (mr, off, copied) = match src {
+            Src::Mr(mr) => (mr, off, false),
+            Src::Ptr(p) if shm => {
+                let at = (peer * slots as usize + (l.sent % slots) as usize) * stage_bytes;
+                // SAFETY: the caller vouches for `off + len` bytes at `p`.
+                let bytes = unsafe { std::slice::from_raw_parts(p.add(off), len) };
+                self.stage.write(at, bytes)?;
+                (&self.stage, at, true)
+            }
+            Src::Ptr(_) => (&self.stage, 0, true),
+        };
+        if shm {
             // Over shared memory a WRITE runs in this call, straight into the peer's memory,
             // as long as nothing is queued before it. A WRITE with immediate would queue (it
             // needs the peer's receive and acknowledgement) and push every later message onto
@@ -965,17 +1105,16 @@ impl Communicator {
                 w.flags.signaled = false;
                 wrs.push(w);
             }
-            wrs.push(
-                SendWr::new(
-                    wr_id,
-                    SendOp::Write,
-                    vec![self.header_src.sge(at, 8)?],
-                )
-                .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey),
-            );
+            let mut header = SendWr::new(wr_id, SendOp::Write, vec![self.header_src.sge(at, 8)?])
+                .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey);
+            // A staged message reads no caller's buffer: nothing waits for its completion.
+            header.flags.signaled = !copied;
+            wrs.push(header);
             l.qp.post_send_batch(wrs)?;
             l.sent += 1;
-            l.reads_until = l.sent;
+            if !copied {
+                l.reads_until = l.sent;
+            }
             return Ok(());
         }
         let imm = u32::from(digest) << 16 | (l.sent & 0xffff) as u32;
@@ -983,18 +1122,27 @@ impl Communicator {
         if len <= INLINE_BYTES {
             // Copied into the request: nothing waits for its completion, so it need not ask
             // the peer for an acknowledgement (a ferroce peer's next one covers it).
-            let mut data = vec![0u8; len];
-            mr.read(off, &mut data)?;
+            let data = match src {
+                // SAFETY: the caller vouches for `off + len` bytes at `p`.
+                Src::Ptr(p) => unsafe { std::slice::from_raw_parts(p.add(off), len) }.to_vec(),
+                Src::Mr(mr) => mr.to_vec(off, len)?,
+            };
             let mut wr = signal.remote(dst, l.slots.rkey);
             wr.inline_data = Some(data);
             wr.flags.signaled = false;
             l.qp.post_send(wr)?;
         } else {
+            if copied {
+                return Err(CollError::Size {
+                    what: "a message from a pointer",
+                    got: len,
+                    want: INLINE_BYTES,
+                });
+            }
             let mut write = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(off, len)?])
                 .remote(dst, l.slots.rkey);
             write.flags.signaled = false;
-            l.qp
-                .post_send_batch([write, signal.remote(dst, l.slots.rkey)])?;
+            l.qp.post_send_batch([write, signal.remote(dst, l.slots.rkey)])?;
             l.reads_until = l.sent + 1;
         }
         l.sent += 1;
@@ -1122,7 +1270,9 @@ impl Communicator {
     /// The immediate of `peer`'s next message if it arrived: with a WRITE with immediate, or
     /// (same-host peers) marked in its slot's header word as `(index + 1) << 16 | digest`.
     fn next_arrival(&self, peer: usize) -> Result<Option<u32>, CollError> {
-        let l = self.links[peer].as_ref().expect("a link to every other rank");
+        let l = self.links[peer]
+            .as_ref()
+            .expect("a link to every other rank");
         let index = l.consumed;
         if let Some(&imm) = l.arrived.front() {
             if imm as u16 == index as u16 {
@@ -1148,7 +1298,9 @@ impl Communicator {
     ) -> Result<(), CollError> {
         let slot_bytes = self.opts.slot_bytes;
         let slots = self.opts.slots;
-        let l = self.links[peer].as_mut().expect("a link to every other rank");
+        let l = self.links[peer]
+            .as_mut()
+            .expect("a link to every other rank");
         if l.arrived.front() == Some(&imm) {
             l.arrived.pop_front();
         }
@@ -1173,7 +1325,9 @@ impl Communicator {
         // writes it again only after the credit below says it was consumed; nothing else
         // writes the inbox.
         unsafe { self.inbox.with_slice(at, len, f) }??;
-        let l = self.links[peer].as_ref().expect("a link to every other rank");
+        let l = self.links[peer]
+            .as_ref()
+            .expect("a link to every other rank");
         if l.consumed - l.credited >= (self.opts.slots as u64).div_ceil(2) {
             self.send_credit(peer)?;
         }
@@ -1194,7 +1348,9 @@ impl Communicator {
     }
 
     fn send_credit(&mut self, peer: usize) -> Result<(), CollError> {
-        let l = self.links[peer].as_mut().expect("a link to every other rank");
+        let l = self.links[peer]
+            .as_mut()
+            .expect("a link to every other rank");
         // The word may be read by the transport later than this post (over UDP): a later,
         // larger count in its place is as true.
         self.credit_src.write_u64(8 * peer, l.consumed)?;
@@ -1223,8 +1379,8 @@ impl Drop for Communicator {
 }
 
 fn push_slices<'a>(
-    q: &mut VecDeque<(&'a MemoryRegion, usize, usize)>,
-    mr: &'a MemoryRegion,
+    q: &mut VecDeque<(Src<'a>, usize, usize)>,
+    mr: Src<'a>,
     off: usize,
     len: usize,
     slice: usize,

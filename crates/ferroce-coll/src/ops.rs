@@ -15,7 +15,7 @@
 //! results (the ring reduces each chunk in one order and passes the result round; recursive
 //! doubling combines the same two values on both sides with commutative operators).
 
-use crate::comm::{digest, messages, Action, CollError, Communicator, In, Out, Phase};
+use crate::comm::{digest, messages, Action, CollError, Communicator, In, Out, Phase, Src};
 use crate::reduce::{finish_avg, DataType, ReduceError, ReduceOp};
 
 /// Kinds of call, for the digest.
@@ -155,7 +155,7 @@ impl Communicator {
         let mut phase = Phase {
             outs: vec![Out {
                 peer: right,
-                mr: input_mr.as_ref().unwrap_or(&mr),
+                mr: input_mr.as_ref().unwrap_or(&mr).into(),
                 off: ch(r).start,
                 len: ch(r).len(),
             }],
@@ -178,7 +178,7 @@ impl Communicator {
                 len: c.len(),
                 action,
                 forward: vec![right],
-                src: Some((&mr, c.start)),
+                src: Some(((&mr).into(), c.start)),
                 after: None,
             });
         }
@@ -196,7 +196,7 @@ impl Communicator {
                 // SAFETY: inside the caller's buffer.
                 action: Action::Copy(unsafe { ptr.add(c.start) }),
                 forward: if j < n - 2 { vec![right] } else { vec![] },
-                src: Some((&mr, c.start)),
+                src: Some(((&mr).into(), c.start)),
                 after: Some((right, sent_before)),
             });
         }
@@ -216,12 +216,17 @@ impl Communicator {
     ) -> Result<(), CollError> {
         let (n, r) = (self.size, self.rank);
         let slice = self.slice_for(dtype.size());
-        // SAFETY: the caller's contract.
-        let mr = unsafe { self.register(ptr, len) }?.expect("a non-empty buffer");
+        // A buffer that fits a message is copied as it is sent: nothing to register.
+        let mr = if len <= self.stage_bytes() {
+            None
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { self.register(ptr, len) }?
+        };
         let all = messages(len, slice);
         let send = |to: usize| Out {
             peer: to,
-            mr: &mr,
+            mr: mr.as_ref().map_or(Src::Ptr(ptr), Src::Mr),
             off: 0,
             len,
         };
@@ -351,7 +356,7 @@ impl Communicator {
                 let mut phase = Phase {
                     outs: vec![Out {
                         peer: right,
-                        mr: &mr,
+                        mr: (&mr).into(),
                         off: r * block,
                         len: block,
                     }],
@@ -365,7 +370,7 @@ impl Communicator {
                         len: block,
                         action: Action::Copy(ptr.add(b * block)),
                         forward: if j < n - 2 { vec![right] } else { vec![] },
-                        src: Some((&mr, b * block)),
+                        src: Some(((&mr).into(), b * block)),
                         after: None,
                     });
                 }
@@ -450,7 +455,7 @@ impl Communicator {
         let mut phase = Phase {
             outs: vec![Out {
                 peer: right,
-                mr: &mr,
+                mr: (&mr).into(),
                 off: ch(first).start,
                 len: ch(first).len(),
             }],
@@ -465,7 +470,7 @@ impl Communicator {
                 // SAFETY: inside the caller's buffer.
                 action: Action::Reduce(unsafe { ptr.add(c.start) }, dtype, op),
                 forward: if k < n - 2 { vec![right] } else { vec![] },
-                src: Some((&mr, c.start)),
+                src: Some(((&mr).into(), c.start)),
                 after: None,
             });
         }
@@ -518,14 +523,20 @@ impl Communicator {
             // SAFETY: `buf` is borrowed mutably for the call and reached only through `ptr`;
             // each slice is sent on only after it arrived.
             unsafe {
-                let mr = c.register(ptr, len)?.expect("a non-empty buffer");
+                // A buffer that fits a message is copied as it is sent: nothing to register.
+                let mr = if len <= c.stage_bytes() {
+                    None
+                } else {
+                    c.register(ptr, len)?
+                };
+                let src = mr.as_ref().map_or(Src::Ptr(ptr), Src::Mr);
                 let phase = match parent {
                     None => Phase {
                         outs: children
                             .iter()
                             .map(|&peer| Out {
                                 peer,
-                                mr: &mr,
+                                mr: src,
                                 off: 0,
                                 len,
                             })
@@ -540,7 +551,7 @@ impl Communicator {
                             len,
                             action: Action::Copy(ptr),
                             forward: children,
-                            src: Some((&mr, 0)),
+                            src: Some((src, 0)),
                             after: None,
                         }],
                         slice,
@@ -629,7 +640,7 @@ impl Communicator {
                             Phase {
                                 outs: vec![Out {
                                     peer: root,
-                                    mr: &mr,
+                                    mr: (&mr).into(),
                                     off: mine.start,
                                     len: mine.len(),
                                 }],
@@ -704,7 +715,7 @@ impl Communicator {
                     let from = (r + n - k) % n;
                     phase.outs.push(Out {
                         peer: to,
-                        mr: &mr,
+                        mr: (&mr).into(),
                         off: to * block,
                         len: block,
                     });
@@ -776,7 +787,7 @@ impl Communicator {
                 if let Some(mr) = &mr {
                     send.outs.push(Out {
                         peer: to,
-                        mr,
+                        mr: mr.into(),
                         off: 0,
                         len: sl,
                     });

@@ -168,10 +168,14 @@ fn every_collective(comm: &mut Communicator) -> Vec<String> {
         }
         // alltoall: rank r's block j is stream 10·r + j; block i of the output is rank i's
         // block `rank`.
-        let inp: Vec<u8> = (0..n).flat_map(|j| input(t, 10 * rank + j, elems)).collect();
+        let inp: Vec<u8> = (0..n)
+            .flat_map(|j| input(t, 10 * rank + j, elems))
+            .collect();
         let mut out = vec![0u8; inp.len()];
         comm.alltoall(&inp, &mut out).unwrap();
-        let want: Vec<u8> = (0..n).flat_map(|i| input(t, 10 * i + rank, elems)).collect();
+        let want: Vec<u8> = (0..n)
+            .flat_map(|i| input(t, 10 * i + rank, elems))
+            .collect();
         check(out == want, format!("alltoall {elems}"));
         // Point to point round the ring: send right, receive from the left, at once.
         if n > 1 {
@@ -179,14 +183,20 @@ fn every_collective(comm: &mut Communicator) -> Vec<String> {
             let mut got = vec![0u8; elems];
             comm.sendrecv(&input(t, 300 + rank, elems), right, &mut got, left)
                 .unwrap();
-            check(got == input(t, 300 + left, elems), format!("sendrecv {elems}"));
+            check(
+                got == input(t, 300 + left, elems),
+                format!("sendrecv {elems}"),
+            );
             // And one way: even ranks send to the next odd one.
             if rank % 2 == 0 && rank + 1 < n {
                 comm.send(&input(t, 400 + rank, elems), rank + 1).unwrap();
             } else if rank % 2 == 1 {
                 let mut got = vec![0u8; elems];
                 comm.recv(&mut got, rank - 1).unwrap();
-                check(got == input(t, 400 + rank - 1, elems), format!("send/recv {elems}"));
+                check(
+                    got == input(t, 400 + rank - 1, elems),
+                    format!("send/recv {elems}"),
+                );
             }
         }
     }
@@ -226,7 +236,11 @@ fn every_collective_with_shared_memory_and_udp_mixed_in_one_communicator() {
         5,
         |r| {
             options(
-                if r % 2 == 1 { Provider::Udp } else { Provider::Auto },
+                if r % 2 == 1 {
+                    Provider::Udp
+                } else {
+                    Provider::Auto
+                },
                 Duration::from_secs(20),
             )
         },
@@ -237,13 +251,12 @@ fn every_collective_with_shared_memory_and_udp_mixed_in_one_communicator() {
     );
     for (rank, (providers, bad)) in results.iter().enumerate() {
         for (p, got) in providers.iter().enumerate() {
-            let want = (p != rank).then(|| {
-                if rank % 2 == 0 && p % 2 == 0 {
-                    Provider::Shm
-                } else {
-                    Provider::Udp
-                }
-            });
+            let shared = if rank % 2 == 0 && p % 2 == 0 {
+                Provider::Shm
+            } else {
+                Provider::Udp
+            };
+            let want = (p != rank).then_some(shared);
             assert_eq!(*got, want, "rank {rank} to rank {p}");
         }
         assert!(bad.is_empty(), "rank {rank}: wrong {bad:?}");
@@ -293,7 +306,9 @@ fn mismatched_calls_fail_on_every_rank() {
                     (0, 1) => comm.allreduce(&mut input(t, rank, 999), t, ReduceOp::Sum),
                     (0, _) => comm.allreduce(&mut input(t, rank, 1000), t, ReduceOp::Sum),
                     // Another type on rank 2.
-                    (1, 2) => comm.allreduce(&mut input(t, rank, 1000), DataType::I32, ReduceOp::Sum),
+                    (1, 2) => {
+                        comm.allreduce(&mut input(t, rank, 1000), DataType::I32, ReduceOp::Sum)
+                    }
                     (1, _) => comm.allreduce(&mut input(t, rank, 1000), t, ReduceOp::Sum),
                     // Another collective on rank 0.
                     (_, 0) => comm.broadcast(&mut input(t, rank, 1000), 0),
@@ -301,12 +316,18 @@ fn mismatched_calls_fail_on_every_rank() {
                 };
                 let later = comm.barrier();
                 let took = started.elapsed();
-                (r.map_err(|e| e.to_string()), later.map_err(|e| e.to_string()), took)
+                (
+                    r.map_err(|e| e.to_string()),
+                    later.map_err(|e| e.to_string()),
+                    took,
+                )
             },
         );
         let mut mismatch_seen = false;
         for (rank, (r, later, took)) in results.iter().enumerate() {
-            let later = later.as_ref().expect_err("a call after a failed one succeeded");
+            let later = later
+                .as_ref()
+                .expect_err("a call after a failed one succeeded");
             match r {
                 Err(e) => {
                     mismatch_seen |= e.contains("different collective");
@@ -323,7 +344,10 @@ fn mismatched_calls_fail_on_every_rank() {
                     "case {case} rank {rank}: {later}"
                 ),
             }
-            assert!(*took < Duration::from_secs(5), "case {case} rank {rank} took {took:?}");
+            assert!(
+                *took < Duration::from_secs(5),
+                "case {case} rank {rank} took {took:?}"
+            );
         }
         assert!(mismatch_seen, "case {case}: no rank saw the mismatch");
     }
@@ -372,7 +396,8 @@ fn split_communicators_reduce_within_their_group() {
             let t = DataType::I32;
             let got = sub.map(|mut sub| {
                 let members: Vec<usize> = (0..4).filter(|r| r % 2 == rank % 2).collect();
-                let want_rank = members.len() - 1 - members.iter().position(|&r| r == rank).unwrap();
+                let want_rank =
+                    members.len() - 1 - members.iter().position(|&r| r == rank).unwrap();
                 let mut buf = input(t, rank, 1000);
                 sub.allreduce(&mut buf, t, ReduceOp::Sum).unwrap();
                 let want = reduced(t, ReduceOp::Sum, members.into_iter(), 1000);
@@ -384,7 +409,10 @@ fn split_communicators_reduce_within_their_group() {
         },
     );
     for (rank, (sub, parent_ok)) in results.iter().enumerate() {
-        assert!(parent_ok, "rank {rank}: the parent's allreduce went wrong after the split");
+        assert!(
+            parent_ok,
+            "rank {rank}: the parent's allreduce went wrong after the split"
+        );
         match sub {
             None => assert_eq!(rank, 4),
             Some(checks) => assert_eq!(*checks, (true, true, true), "rank {rank}"),
