@@ -45,6 +45,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferroce::cm::{EndpointInfo, RemoteRegion, ENDPOINT_LEN};
@@ -226,6 +227,43 @@ struct Link {
     failed: Option<WcStatus>,
     /// Whether it said its collective failed.
     aborted: bool,
+    /// A same-host peer's slots, header words and credit word mapped here, once the link
+    /// came up over shared memory (`Some(None)`: tried, and it did not map).
+    maps: Option<Option<PeerMaps>>,
+}
+
+/// What a rank stores into directly on a same-host peer: see [`Link::maps`].
+struct PeerMaps {
+    slots: ferroce::PeerRegionMap,
+    headers: ferroce::PeerRegionMap,
+    credit: ferroce::PeerRegionMap,
+}
+
+impl Link {
+    /// The peer's mapped words, if the link is over shared memory and they map.
+    fn maps(&mut self) -> Option<&PeerMaps> {
+        if self.maps.is_none() {
+            if self.qp.provider() != Provider::Shm {
+                return None;
+            }
+            let write = Access::REMOTE_WRITE;
+            let map = |r: RemoteRegion| {
+                self.qp
+                    .map_peer_region(r.addr, r.rkey, r.len as usize, write)
+            };
+            self.maps = Some(
+                map(self.slots)
+                    .zip(map(self.headers))
+                    .zip(map(self.credit))
+                    .map(|((slots, headers), credit)| PeerMaps {
+                        slots,
+                        headers,
+                        credit,
+                    }),
+            );
+        }
+        self.maps.as_ref().and_then(Option::as_ref)
+    }
 }
 
 /// Where a send's bytes are.
@@ -617,6 +655,7 @@ impl Communicator {
                 posted: RECV_DEPTH,
                 failed: None,
                 aborted: false,
+                maps: None,
             }));
         }
         Ok(Communicator {
@@ -1074,6 +1113,29 @@ impl Communicator {
         let dst = l.slots.addr + (l.sent % slots) * slot_bytes as u64;
         let wr_id = l.sent << 16 | peer as u64;
         let shm = l.qp.provider() == Provider::Shm;
+        if let (Src::Ptr(p), true) = (src, shm) {
+            let sent = l.sent;
+            if let Some(m) = l.maps() {
+                // A small message straight into the peer's slot, then its header word with
+                // release ordering: no request posted, nothing to complete.
+                let slot = (sent % slots) as usize;
+                let word = (sent + 1) << 16 | u64::from(digest);
+                // SAFETY: the caller vouches for `off + len` bytes at `p`; the slot (`len` is
+                // at most a slot) and the header word lie in the peer's mapped regions, which
+                // the peer does not touch until the header says so, and the word is 8-aligned.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        p.add(off),
+                        m.slots.as_ptr().add(slot * slot_bytes),
+                        len,
+                    );
+                    AtomicU64::from_ptr(m.headers.as_ptr().add(8 * slot).cast())
+                        .store(word, Ordering::Release);
+                }
+                l.sent += 1;
+                return Ok(());
+            }
+        }
         // A message from a pointer is copied now: into the request (UDP), or into this slot's
         // staging bytes (shared memory), which are not written again before the peer
         // consumed the message (its credit).
@@ -1351,6 +1413,16 @@ impl Communicator {
         let l = self.links[peer]
             .as_mut()
             .expect("a link to every other rank");
+        let consumed = l.consumed;
+        if let Some(m) = l.maps() {
+            // SAFETY: the peer's credit word for this rank, mapped while `m` lives and
+            // 8-aligned (regions start page-aligned, and the word's offset is a multiple of 8);
+            // the peer only loads it.
+            unsafe { AtomicU64::from_ptr(m.credit.as_ptr().cast()) }
+                .store(consumed, Ordering::Release);
+            l.credited = consumed;
+            return Ok(());
+        }
         // The word may be read by the transport later than this post (over UDP): a later,
         // larger count in its place is as true.
         self.credit_src.write_u64(8 * peer, l.consumed)?;

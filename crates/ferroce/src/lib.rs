@@ -70,7 +70,7 @@ pub use verbs::cq::{empty_wc, CompletionChannel, CompletionQueue};
 pub use verbs::device::{device_by_name, devices, gid_of, ip_of, Device, Gid};
 pub use verbs::mr::MemoryRegion;
 pub use verbs::pd::ProtectionDomain;
-pub use verbs::qp::{ConnectOptions, QpInitAttr, QueuePair};
+pub use verbs::qp::{ConnectOptions, PeerRegionMap, QpInitAttr, QueuePair};
 pub use verbs::sender::{QpSender, SendRequest};
 pub use verbs::srq::SharedReceiveQueue;
 pub use verbs::ud::{AddressHandle, UdQueuePair, UdSendWr, GRH_LEN, UD_MTU};

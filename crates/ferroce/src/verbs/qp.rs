@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ferroce_proto::{InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
+use ferroce_proto::{Access, InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
 
 use super::context::ContextInner;
 use super::cq::CompletionQueue;
@@ -292,6 +292,40 @@ impl QueuePair {
         Ok(true)
     }
 
+    /// Maps `len` bytes at `addr` of the region `rkey` of this QP's same-host peer into this
+    /// process, so that a protocol can move small amounts with plain loads and stores instead of
+    /// posting one-sided operations (NCCL's shared-memory transports do so). The access is
+    /// checked as a one-sided operation needing `need` is (the peer QP serves, the key is
+    /// current and in its protection domain, has the rights, and the range lies inside).
+    /// `None` unless the QP is linked over shared memory and every check passes.
+    ///
+    /// The mapping stays valid while the returned value lives, whatever the peer does; but it
+    /// is the peer's memory *as it was registered*: if the peer deregisters the region, stores
+    /// through the mapping no longer reach anything it reads, and no error says so (an RDMA
+    /// operation would fail). Use it only where the protocol keeps the region registered.
+    pub fn map_peer_region(
+        &self,
+        addr: u64,
+        rkey: u32,
+        len: usize,
+        need: Access,
+    ) -> Option<PeerRegionMap> {
+        let shm = self.shared.shm_linked()?;
+        let mut q = self.shared.qp.lock();
+        let generation = shm.generation.load(Ordering::Acquire);
+        if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
+            q.peer_memory = match &*shm.lock() {
+                Link::Linked(peer) => Some(peer.memory(generation)),
+                _ => None,
+            };
+        }
+        let (map, offset) = q
+            .peer_memory
+            .as_mut()?
+            .resolve_shared(rkey, addr, len as u64, need)?;
+        Some(PeerRegionMap { map, offset, len })
+    }
+
     /// Posts a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if self.shared.srq.is_some() {
@@ -399,5 +433,34 @@ impl QueuePair {
             max_rd_atomic: opts.max_rd_atomic.min(peer.max_rd_atomic).max(1),
         };
         self.modify_to_rts(&rts)
+    }
+}
+
+/// A same-host peer's registered bytes mapped into this process: see
+/// [`QueuePair::map_peer_region`].
+#[derive(Debug, Clone)]
+pub struct PeerRegionMap {
+    map: std::sync::Arc<crate::provider::SharedMap>,
+    offset: usize,
+    len: usize,
+}
+
+impl PeerRegionMap {
+    /// The first byte (the peer's `addr`). Loads and stores through it race with the peer's
+    /// own accesses and with other initiators' one-sided operations: the caller's protocol must
+    /// order them (atomics, or a flag stored last with release ordering).
+    pub fn as_ptr(&self) -> *mut u8 {
+        // SAFETY: `offset` lies inside the mapping (`resolve` checked `offset + len` does).
+        unsafe { self.map.ptr().add(self.offset) }
+    }
+
+    /// How many bytes are mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are mapped.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }

@@ -166,6 +166,18 @@ impl PeerMemory {
         Some((&l.map, off))
     }
 
+    /// As [`resolve`](Self::resolve), with a reference to the mapping that keeps it mapped.
+    pub(crate) fn resolve_shared(
+        &mut self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<(Arc<SharedMap>, usize)> {
+        let (_, off) = self.resolve(rkey, addr, len, need)?;
+        Some((self.last_region.as_ref()?.map.clone(), off))
+    }
+
     /// Reads the slot of `rkey` afresh and makes it the last region, with its mapping (made
     /// now unless an earlier one is of the same region).
     #[cold]
