@@ -228,8 +228,10 @@ struct Link {
     /// Whether it said its collective failed.
     aborted: bool,
     /// A same-host peer's slots, header words and credit word mapped here, once the link
-    /// came up over shared memory (`Some(None)`: tried, and it did not map).
-    maps: Option<Option<PeerMaps>>,
+    /// came up over shared memory.
+    maps: Option<PeerMaps>,
+    /// Attempts to map them that failed (after a few, the link keeps to posted WRITEs).
+    map_failures: u8,
 }
 
 /// What a rank stores into directly on a same-host peer: see [`Link::maps`].
@@ -242,27 +244,23 @@ struct PeerMaps {
 impl Link {
     /// The peer's mapped words, if the link is over shared memory and they map.
     fn maps(&mut self) -> Option<&PeerMaps> {
-        if self.maps.is_none() {
-            if self.qp.provider() != Provider::Shm {
-                return None;
-            }
+        if self.maps.is_none() && self.map_failures < 8 && self.qp.provider() == Provider::Shm {
             let write = Access::REMOTE_WRITE;
             let map = |r: RemoteRegion| {
                 self.qp
                     .map_peer_region(r.addr, r.rkey, r.len as usize, write)
             };
-            self.maps = Some(
-                map(self.slots)
-                    .zip(map(self.headers))
-                    .zip(map(self.credit))
-                    .map(|((slots, headers), credit)| PeerMaps {
-                        slots,
-                        headers,
-                        credit,
-                    }),
-            );
+            self.maps = map(self.slots)
+                .zip(map(self.headers))
+                .zip(map(self.credit))
+                .map(|((slots, headers), credit)| PeerMaps {
+                    slots,
+                    headers,
+                    credit,
+                });
+            self.map_failures += u8::from(self.maps.is_none());
         }
-        self.maps.as_ref().and_then(Option::as_ref)
+        self.maps.as_ref()
     }
 }
 
@@ -656,6 +654,7 @@ impl Communicator {
                 failed: None,
                 aborted: false,
                 maps: None,
+                map_failures: 0,
             }));
         }
         Ok(Communicator {

@@ -1283,3 +1283,62 @@ mod packet_path {
         super::four_mib_through_the_packet_path_between_caller_memory(ferroce::Provider::Shm)
     }
 }
+
+/// `map_peer_region` maps a same-host peer's registered bytes as a one-sided access would reach
+/// them: stores through the mapping are the peer's bytes, and every refusal a WRITE would meet
+/// (bad key, missing right, out of bounds, a QP that is not linked over shared memory) is `None`.
+#[test]
+fn a_peer_region_maps_only_where_a_write_would_be_admitted() {
+    let (_a, b, qa, _qb) = pair(Provider::Shm);
+    let target = mr(&b, 4096);
+    let read_only = b.pd.alloc_mr(4096, Access::REMOTE_READ).unwrap();
+    let map = qa
+        .map_peer_region(
+            target.addr() + 100,
+            target.rkey(),
+            200,
+            Access::REMOTE_WRITE,
+        )
+        .expect("an admitted range maps");
+    assert_eq!(map.len(), 200);
+    let data = pattern(9, 200);
+    // SAFETY: 200 bytes of the peer's region, mapped while `map` lives; nothing else touches
+    // them in this test.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.as_ptr(), 200) };
+    assert!(
+        target.to_vec(100, 200).unwrap() == data,
+        "the peer sees the stores"
+    );
+    target.write(100, &[7u8; 4]).unwrap();
+    // SAFETY: as above, a load.
+    assert_eq!(
+        unsafe { map.as_ptr().read() },
+        7,
+        "and the mapping sees the peer's"
+    );
+    let refused = [
+        qa.map_peer_region(
+            target.addr(),
+            target.rkey() ^ 0x100,
+            8,
+            Access::REMOTE_WRITE,
+        ),
+        qa.map_peer_region(read_only.addr(), read_only.rkey(), 8, Access::REMOTE_WRITE),
+        qa.map_peer_region(
+            target.addr() + 4000,
+            target.rkey(),
+            200,
+            Access::REMOTE_WRITE,
+        ),
+        qa.map_peer_region(target.addr() - 8, target.rkey(), 8, Access::REMOTE_WRITE),
+    ];
+    assert!(refused.iter().all(Option::is_none), "{refused:?}");
+    assert!(qa
+        .map_peer_region(read_only.addr(), read_only.rkey(), 8, Access::REMOTE_READ)
+        .is_some());
+    let (_c, d, qc, _qd) = pair(Provider::Udp);
+    let remote = mr(&d, 64);
+    assert!(qc
+        .map_peer_region(remote.addr(), remote.rkey(), 8, Access::REMOTE_WRITE)
+        .is_none());
+}

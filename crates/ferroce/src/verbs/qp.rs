@@ -297,7 +297,8 @@ impl QueuePair {
     /// posting one-sided operations (NCCL's shared-memory transports do so). The access is
     /// checked as a one-sided operation needing `need` is (the peer QP serves, the key is
     /// current and in its protection domain, has the rights, and the range lies inside).
-    /// `None` unless the QP is linked over shared memory and every check passes.
+    /// `None` unless the QP is linked over shared memory (a hello waiting in the socket is
+    /// taken first) and every check passes.
     ///
     /// The mapping stays valid while the returned value lives, whatever the peer does; but it
     /// is the peer's memory *as it was registered*: if the peer deregisters the region, stores
@@ -310,6 +311,13 @@ impl QueuePair {
         len: usize,
         need: Access,
     ) -> Option<PeerRegionMap> {
+        if let Some(shm) = &self.shared.shm {
+            if !shm.linked.load(Ordering::Acquire) && matches!(*shm.lock(), Link::Pending { .. }) {
+                // The peer's hello is most likely in the socket already (as in `post_one`).
+                let shared = &self.ctx.shared;
+                shared.poll_shm_host(shared.now(), true, false);
+            }
+        }
         let shm = self.shared.shm_linked()?;
         let mut q = self.shared.qp.lock();
         let generation = shm.generation.load(Ordering::Acquire);
