@@ -7,8 +7,8 @@
 #   - memcpy of 64 MiB on this machine (shm-baseline), the bound of same-host collectives.
 # Both sides time the operation the same way: out of place, the maximum over ranks
 # (all_reduce_perf -a 3; bench/mpi_allreduce.c), busbw = algbw * 2(n-1)/n, GB/s = 1e9 B/s.
-# ferroce's in-place column is printed too. Every ferroce result is checked element by element
-# (#wrong must be 0), and MPI's by bench/mpi_allreduce.c.
+# Out of place and in place (MPI_IN_PLACE) are compared separately. Every ferroce result is
+# checked element by element (#wrong must be 0), and MPI's by bench/mpi_allreduce.c.
 #   sudo scripts/bench_coll.sh            # root: network namespaces; Open MPI installed
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,7 +80,7 @@ def ferroce(path):
         wrong += int(f[8]) + int(f[12])
     return rows, wrong
 def mpi(path):
-    return {int(f[1]): (float(f[2]), float(f[3])) for f in (l.split() for l in open(path)) if f and f[0] == 'RESULT'}
+    return {int(f[1]): (float(f[2]), float(f[3]), float(f[5])) for f in (l.split() for l in open(path)) if f and f[0] == 'RESULT'}
 memcpy = open(os.path.join(d, 'memcpy')).read().split(':')[1].split()[0]
 print(f"\nmemcpy 64 MiB in this run: {memcpy} GB/s")
 for case, label in [('2', '2 ranks, one host (ferroce shm / MPI vader)'),
@@ -89,11 +89,15 @@ for case, label in [('2', '2 ranks, one host (ferroce shm / MPI vader)'),
     fr, wrong = ferroce(os.path.join(d, f'ferroce-{case}'))
     mp = mpi(os.path.join(d, f'mpi-{case}'))
     print(f"\n{label}; ferroce #wrong over all sizes: {wrong}")
-    print(f"{'bytes':>10} {'ferroce us':>11} {'MPI us':>9} {'MPI/ferroce time':>17} "
-          f"{'ferroce busbw':>14} {'in-place':>9} {'MPI busbw':>10} {'ratio':>6}")
+    print(f"{'':>10} {'out of place':^53} {'in place':^30}")
+    print(f"{'bytes':>10} {'ferroce us':>11} {'MPI us':>9} {'MPI/ferroce':>11} "
+          f"{'ferroce busbw':>14} {'MPI busbw':>10} {'ratio':>6} "
+          f"{'ferroce busbw':>14} {'MPI busbw':>10} {'ratio':>6}")
+    def r(a, b):
+        return f"{a / b:6.2f}" if b > 0 else "     -"
     for size in sorted(set(fr) & set(mp)):
         ft, fb, fi = fr[size]
-        mt, mb = mp[size]
-        ratio = f"{fb / mb:6.2f}" if mb > 0 else "     -"
-        print(f"{size:>10} {ft:>11.2f} {mt:>9.2f} {mt / ft:>17.2f} {fb:>14.2f} {fi:>9.2f} {mb:>10.2f} {ratio}")
+        mt, mb, mi = mp[size]
+        print(f"{size:>10} {ft:>11.2f} {mt:>9.2f} {mt / ft:>11.2f} {fb:>14.2f} {mb:>10.2f} {r(fb, mb)} "
+              f"{fi:>14.2f} {mi:>10.2f} {r(fi, mi)}")
 PY
