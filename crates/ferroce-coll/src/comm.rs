@@ -232,6 +232,15 @@ struct Link {
     maps: Option<PeerMaps>,
     /// Attempts to map them that failed (after a few, the link keeps to posted WRITEs).
     map_failures: u8,
+    /// Whether the running phase sends to, receives from or forwards to the peer.
+    involved: bool,
+    /// `sent` when the running phase began.
+    base: u64,
+    /// The running phase's slices still to send to the peer: source (an index into the
+    /// phase's sends, or `FORWARDED` and an index into its receives), offset, length.
+    outq: VecDeque<(u32, usize, usize)>,
+    /// The running phase's receives from the peer still to come: index, bytes taken.
+    inq: VecDeque<(u32, usize)>,
 }
 
 /// What a rank stores into directly on a same-host peer: see [`Link::maps`].
@@ -655,6 +664,10 @@ impl Communicator {
                 aborted: false,
                 maps: None,
                 map_failures: 0,
+                involved: false,
+                base: 0,
+                outq: VecDeque::new(),
+                inq: VecDeque::new(),
             }));
         }
         Ok(Communicator {
@@ -880,33 +893,39 @@ impl Communicator {
     ) -> Result<(), CollError> {
         let n = self.size;
         let slice = phase.slice.clamp(1, self.opts.slot_bytes);
-        let mut queues: Vec<VecDeque<(Src<'_>, usize, usize)>> = vec![VecDeque::new(); n];
-        let mut involved = vec![false; n];
-        let base_sent: Vec<u64> = self
-            .links
-            .iter()
-            .map(|l| l.as_ref().map_or(0, |l| l.sent))
-            .collect();
-        for o in &phase.outs {
-            involved[o.peer] = true;
-            push_slices(&mut queues[o.peer], o.mr, o.off, o.len, slice);
+        // Per-link state lives in the links and is reused from phase to phase, so a phase
+        // allocates nothing once the queues have grown: a latency-bound exchange is a few
+        // hundred nanoseconds, where every allocation shows.
+        for l in self.links.iter_mut().flatten() {
+            l.involved = false;
+            l.base = l.sent;
+            l.outq.clear();
+            l.inq.clear();
         }
-        // Receives by peer, in order, each with how far its slices got.
-        let mut ins: Vec<VecDeque<(&In<'_>, usize)>> = vec![VecDeque::new(); n];
-        for i in &phase.ins {
-            involved[i.peer] = true;
+        let bad = |c: &Communicator, p: usize| {
+            if p >= n || c.links[p].is_none() {
+                Err(CollError::BadRank { rank: p, size: n })
+            } else {
+                Ok(())
+            }
+        };
+        for (i, o) in phase.outs.iter().enumerate() {
+            bad(self, o.peer)?;
+            let l = self.links[o.peer].as_mut().expect("checked");
+            l.involved = true;
+            push_slices(&mut l.outq, i as u32, o.off, o.len, slice);
+        }
+        for (j, i) in phase.ins.iter().enumerate() {
+            bad(self, i.peer)?;
             for &f in &i.forward {
-                involved[f] = true;
+                bad(self, f)?;
+                self.links[f].as_mut().expect("checked").involved = true;
             }
+            let l = self.links[i.peer].as_mut().expect("checked");
+            l.involved = true;
             if i.len > 0 {
-                ins[i.peer].push_back((i, 0));
+                l.inq.push_back((j as u32, 0));
             }
-        }
-        if involved[self.rank] {
-            return Err(CollError::BadRank {
-                rank: self.rank,
-                size: n,
-            });
         }
         if self.runs % 64 == 0 {
             // Links come up over shared memory a moment after they connect: look again now
@@ -918,93 +937,94 @@ impl Communicator {
         // Same-host messages arrive in memory (header words), not in the CQ: with only such
         // peers the CQ (send completions, aborts, failures) is looked at every 16th turn, which
         // spares most turns a pass over the context's rings and sockets.
-        let cq_every = if (0..n).any(|p| {
-            involved[p]
-                && self.links[p]
-                    .as_ref()
-                    .is_some_and(|l| l.qp.provider() != Provider::Shm)
-        }) {
+        let cq_every = if self
+            .links
+            .iter()
+            .flatten()
+            .any(|l| l.involved && l.qp.provider() != Provider::Shm)
+        {
             1
         } else {
             16
+        };
+        let source = |r: u32| -> Src<'_> {
+            if r & FORWARDED != 0 {
+                phase.ins[(r & !FORWARDED) as usize]
+                    .src
+                    .expect("forwarded from a source")
+                    .0
+            } else {
+                phase.outs[r as usize].mr
+            }
         };
         let mut turn = 0u32;
         loop {
             let mut progressed = false;
             turn = turn.wrapping_add(1);
-            for (p, queue) in queues.iter_mut().enumerate() {
-                while !queue.is_empty() && self.credit_available(p)? {
-                    let (src, off, len) = queue.pop_front().expect("not empty");
+            for p in 0..n {
+                loop {
+                    let Some(l) = self.links[p].as_mut() else {
+                        break;
+                    };
+                    let Some(&(r, off, len)) = l.outq.front() else {
+                        break;
+                    };
+                    if !self.credit_available(p)? {
+                        break;
+                    }
+                    self.links[p].as_mut().expect("a link").outq.pop_front();
                     // SAFETY: the caller's contract covers every source of the phase.
-                    unsafe { self.post_message(p, out_digest, src, off, len) }?;
+                    unsafe { self.post_message(p, out_digest, source(r), off, len) }?;
                     progressed = true;
                 }
             }
             if turn % cq_every == 0 {
                 progressed |= self.poll()?;
             }
-            for (p, pending) in ins.iter_mut().enumerate() {
-                while let Some((item, done)) = pending.front_mut() {
+            for p in 0..n {
+                loop {
+                    let Some(&(j, done)) = self.links[p].as_ref().and_then(|l| l.inq.front())
+                    else {
+                        break;
+                    };
+                    let item = &phase.ins[j as usize];
                     let Some(imm) = self.next_arrival(p)? else {
                         break;
                     };
                     if let Some((q, count)) = item.after {
                         // The messages must have been posted (an inline one copies its bytes
                         // then), and those that read the buffer later must have completed.
-                        let l = self.links[q].as_ref().expect("a link to every other rank");
-                        let upto = base_sent[q] + count;
+                        let l = self.links[q].as_ref().expect("checked");
+                        let upto = l.base + count;
                         if l.sent < upto || l.done < upto.min(l.reads_until) {
                             break;
                         }
                     }
-                    let len = slice.min(item.len - *done);
-                    let at = *done;
+                    let len = slice.min(item.len - done);
+                    let at = done;
                     self.consume(p, imm, in_digest, len, |src| {
                         // SAFETY: the caller vouches for the action's pointer over the item's
                         // `len` bytes, of which `at..at + len` is a part.
-                        match item.action {
-                            Action::Copy(dst) => unsafe {
-                                if item.forward.is_empty() && len >= STREAM_MIN {
-                                    copy_streaming(src.as_ptr(), dst.add(at), len);
-                                } else {
-                                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), len);
-                                }
-                                Ok(())
-                            },
-                            Action::Reduce(dst, dtype, op) => unsafe {
-                                let dst = std::slice::from_raw_parts_mut(dst.add(at), len);
-                                reduce_into(dst, src, dtype, op)
-                            },
-                            Action::ReduceFrom(from, dst, dtype, op) => unsafe {
-                                // A block at a time, so the copy is still in L1 when the
-                                // reduction reads it back.
-                                const BLOCK: usize = 16 << 10;
-                                let mut b = 0;
-                                while b < len {
-                                    let l = BLOCK.min(len - b);
-                                    let d = dst.add(at + b);
-                                    std::ptr::copy_nonoverlapping(from.add(at + b), d, l);
-                                    let d = std::slice::from_raw_parts_mut(d, l);
-                                    reduce_into(d, &src[b..b + l], dtype, op)?;
-                                    b += l;
-                                }
-                                Ok(())
-                            },
-                        }
+                        unsafe { apply(item, src, at, len) }
                     })?;
-                    if let Some((mr, off)) = item.src {
+                    if item.src.is_some() {
                         for &f in &item.forward {
-                            queues[f].push_back((mr, off + at, len));
+                            let l = self.links[f].as_mut().expect("checked");
+                            l.outq
+                                .push_back((FORWARDED | j, item.src.expect("").1 + at, len));
                         }
                     }
-                    *done += len;
-                    if *done == item.len {
-                        pending.pop_front();
+                    let l = self.links[p].as_mut().expect("checked");
+                    let front = l.inq.front_mut().expect("the item taken");
+                    front.1 += len;
+                    if front.1 == item.len {
+                        l.inq.pop_front();
                     }
                     progressed = true;
                 }
             }
-            if queues.iter().all(VecDeque::is_empty) && ins.iter().all(VecDeque::is_empty) {
+            let pending = |l: &Link| !l.outq.is_empty() || !l.inq.is_empty();
+            if !self.links.iter().flatten().any(pending) {
                 break;
             }
             if progressed {
@@ -1017,30 +1037,33 @@ impl Communicator {
             if waited > CREDIT_IDLE {
                 self.flush_credits()?;
             }
-            self.check_peers(|p| !ins[p].is_empty() || !queues[p].is_empty())?;
+            let links = &self.links;
+            self.check_peers(|p| links[p].as_ref().is_some_and(pending))?;
             if waited > self.opts.timeout {
                 let rank = (0..n)
-                    .find(|&p| !ins[p].is_empty() || !queues[p].is_empty())
+                    .find(|&p| self.links[p].as_ref().is_some_and(pending))
                     .unwrap_or(self.rank);
+                let waiting_for_message =
+                    self.links[rank].as_ref().is_some_and(|l| !l.inq.is_empty());
                 return Err(CollError::Timeout {
                     rank,
                     timeout: self.opts.timeout,
-                    what: if ins[rank].is_empty() {
-                        "credits to send"
-                    } else {
+                    what: if waiting_for_message {
                         "a message"
+                    } else {
+                        "credits to send"
                     },
                 });
             }
         }
         // Credits for what this phase consumed go out when this rank next waits (or drops the
         // communicator), off the path of a latency-bound exchange. Every send that reads a
-        // caller's buffer has completed before the caller may reuse it.
-        // A peer that failed after consuming them all needs no acknowledgement (its QP is in
-        // ERR: nothing reads the sources again).
+        // caller's buffer has completed before the caller may reuse it; a peer that failed
+        // after consuming them all needs no acknowledgement (its QP is in ERR: nothing reads
+        // the sources again).
         let drained = |c: &Communicator, p: usize| {
             c.links[p].as_ref().map_or(true, |l| {
-                !involved[p]
+                !l.involved
                     || l.done >= l.reads_until
                     || (l.failed.is_some()
                         && c.credits.read_u64(8 * p).is_ok_and(|freed| freed >= l.sent))
@@ -1498,9 +1521,53 @@ unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
-fn push_slices<'a>(
-    q: &mut VecDeque<(Src<'a>, usize, usize)>,
-    mr: Src<'a>,
+/// Marks a queued slice's source as a receive's (`In::src`) rather than a send's.
+const FORWARDED: u32 = 1 << 31;
+
+/// Applies `item`'s action to `len` received bytes `src`, `at` bytes into the item.
+///
+/// # Safety
+/// The action's pointers are valid for the item's bytes, which nothing else accesses.
+unsafe fn apply(
+    item: &In<'_>,
+    src: &[u8],
+    at: usize,
+    len: usize,
+) -> Result<(), crate::reduce::ReduceError> {
+    // SAFETY (each arm): the caller's contract; `at..at + len` lies inside the item.
+    match item.action {
+        Action::Copy(dst) => unsafe {
+            if item.forward.is_empty() && len >= STREAM_MIN {
+                copy_streaming(src.as_ptr(), dst.add(at), len);
+            } else {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), len);
+            }
+            Ok(())
+        },
+        Action::Reduce(dst, dtype, op) => unsafe {
+            let dst = std::slice::from_raw_parts_mut(dst.add(at), len);
+            reduce_into(dst, src, dtype, op)
+        },
+        Action::ReduceFrom(from, dst, dtype, op) => unsafe {
+            // A block at a time, so the copy is still in L1 when the reduction reads it back.
+            const BLOCK: usize = 16 << 10;
+            let mut b = 0;
+            while b < len {
+                let l = BLOCK.min(len - b);
+                let d = dst.add(at + b);
+                std::ptr::copy_nonoverlapping(from.add(at + b), d, l);
+                let d = std::slice::from_raw_parts_mut(d, l);
+                reduce_into(d, &src[b..b + l], dtype, op)?;
+                b += l;
+            }
+            Ok(())
+        },
+    }
+}
+
+fn push_slices(
+    q: &mut VecDeque<(u32, usize, usize)>,
+    mr: u32,
     off: usize,
     len: usize,
     slice: usize,
