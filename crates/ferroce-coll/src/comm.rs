@@ -962,13 +962,8 @@ impl Communicator {
             let mut progressed = false;
             turn = turn.wrapping_add(1);
             for p in 0..n {
-                loop {
-                    let Some(l) = self.links[p].as_mut() else {
-                        break;
-                    };
-                    let Some(&(r, off, len)) = l.outq.front() else {
-                        break;
-                    };
+                while let Some(&(r, off, len)) = self.links[p].as_ref().and_then(|l| l.outq.front())
+                {
                     if !self.credit_available(p)? {
                         break;
                     }
@@ -982,11 +977,7 @@ impl Communicator {
                 progressed |= self.poll()?;
             }
             for p in 0..n {
-                loop {
-                    let Some(&(j, done)) = self.links[p].as_ref().and_then(|l| l.inq.front())
-                    else {
-                        break;
-                    };
+                while let Some(&(j, done)) = self.links[p].as_ref().and_then(|l| l.inq.front()) {
                     let item = &phase.ins[j as usize];
                     let Some(imm) = self.next_arrival(p)? else {
                         break;
@@ -1007,11 +998,10 @@ impl Communicator {
                         // `len` bytes, of which `at..at + len` is a part.
                         unsafe { apply(item, src, at, len) }
                     })?;
-                    if item.src.is_some() {
+                    if let Some((_, off)) = item.src {
                         for &f in &item.forward {
                             let l = self.links[f].as_mut().expect("checked");
-                            l.outq
-                                .push_back((FORWARDED | j, item.src.expect("").1 + at, len));
+                            l.outq.push_back((FORWARDED | j, off + at, len));
                         }
                     }
                     let l = self.links[p].as_mut().expect("checked");
