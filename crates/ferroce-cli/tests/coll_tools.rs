@@ -286,3 +286,55 @@ fn four_ranks_on_two_namespace_hosts() {
     }
     drop(hosts);
 }
+
+/// Under Open MPI's `mpirun`, ranks come from its own variables (`OMPI_COMM_WORLD_RANK`, ...)
+/// and the rendezvous from `-x MASTER_ADDR -x MASTER_PORT`.
+#[test]
+fn launched_by_mpirun_with_open_mpis_rank_variables() {
+    let Ok(probe) = Command::new("mpirun.openmpi").arg("--version").output() else {
+        println!("launched_by_mpirun: skipped: no mpirun.openmpi (scripts/test.sh installs it)");
+        return;
+    };
+    assert!(probe.status.success());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let out = Command::new("mpirun.openmpi")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        .args(["--mca", "plm", "isolated", "-np", "3"])
+        .args([
+            "-x",
+            "MASTER_ADDR=127.0.0.1",
+            "-x",
+            &format!("MASTER_PORT={port}"),
+        ])
+        .arg(env!("CARGO_BIN_EXE_ferroce"))
+        .args([
+            "alltoall_perf",
+            "-b",
+            "3",
+            "-e",
+            "300K",
+            "-f",
+            "10",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    // 3, 30, 300, 3000, 30000, 300000 bytes.
+    check_table("alltoall_perf", &String::from_utf8_lossy(&out.stdout), 6);
+    assert_eq!(all.matches("#  Rank").count(), 3, "{all}");
+}

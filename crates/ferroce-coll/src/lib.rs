@@ -1,13 +1,15 @@
 //! Collectives for AI training over ferroce: AllReduce and friends (issue #21).
 //!
-//! So far this crate holds the arithmetic every collective shares: the element types training
-//! exchanges ([`DataType`]: f32, f64, f16, bf16, i32, i64, u8), the reduction operators
-//! ([`ReduceOp`]: sum, prod, min, max, avg) and [`reduce_into`], which folds one buffer into
-//! another; the rendezvous ([`Store`]) through which the ranks of a job, found from torchrun's
-//! environment ([`RankInfo::from_env`]), exchange what they need to connect; and the
-//! [`Communicator`], which connects every pair of ranks and runs a ring allreduce and a barrier
-//! (see its module doc for the protocol). The other collectives, the small-message algorithms
-//! (recursive doubling), pipelining and the nccl-tests tool come next.
+//! A [`Communicator`] joins the ranks of a job (torchrun's environment through the
+//! rendezvous, [`Store`]; or [`Communicator::split`] of another) and connects every pair over
+//! ferroce: shared memory between ranks on one host, RoCE v2 over UDP between hosts, mixed in
+//! one communicator. Its collectives are allreduce (in place and out of place), reduce_scatter,
+//! allgather, broadcast, reduce, alltoall, barrier and point-to-point send/recv/sendrecv, over
+//! the element types training exchanges ([`DataType`]: f32, f64, f16, bf16, i32, i64, u8) and the
+//! reduction operators ([`ReduceOp`]: sum, prod, min, max, avg). How the bytes move (WRITEs into
+//! slots the receiver grants with credits, as NCCL's IB transport does) is in `comm.rs`'s
+//! module doc; which algorithm each collective uses (recursive doubling or a pipelined ring for
+//! allreduce, a binomial tree or a chain for broadcast, ...) in `ops.rs`'s.
 //!
 //! The kernels work on bytes, as the buffers a collective moves are: a peer's chunk lands in
 //! registered memory, and the reduction reads it where it landed. They are plain loops over
