@@ -338,3 +338,20 @@ fn launched_by_mpirun_with_open_mpis_rank_variables() {
     check_table("alltoall_perf", &String::from_utf8_lossy(&out.stdout), 6);
     assert_eq!(all.matches("#  Rank").count(), 3, "{all}");
 }
+
+/// Every collective at 64 MiB, every element checked: 3 ranks over shared memory, 2 over UDP.
+#[test]
+fn every_tool_at_sixty_four_mib() {
+    for (provider, ranks) in [("auto", "3"), ("udp", "2")] {
+        for tool in TOOLS {
+            let out = ferroce()
+                .args(["--provider", provider, tool, "--ranks", ranks])
+                .args(["-b", "64M", "-e", "64M", "-n", "1", "-w", "0", "-r", "1"])
+                .output()
+                .unwrap();
+            let all = text(&out);
+            assert!(out.status.success(), "{provider} {tool}\n{all}");
+            check_table(tool, &String::from_utf8_lossy(&out.stdout), 1);
+        }
+    }
+}
