@@ -239,28 +239,25 @@ impl QueuePair {
         self.shared.qp.lock().set_peer_acks_unasked(on);
     }
 
-    /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
-    /// queues it for the transport; returns whether it was queued (a doorbell is due).
-    fn post_one(&self, wr: Cow<'_, SendWr>) -> Result<bool> {
+    /// Takes the peer's hello now if this QP waits for it: it is most likely in the socket
+    /// already (it left before the peer reported RTS), and the next request can then go
+    /// straight to the peer's memory rather than wait for the engine's next look.
+    fn take_waiting_hello(&self) {
         if let Some(shm) = &self.shared.shm {
-            let linked = shm.linked.load(Ordering::Acquire);
-            if !linked && matches!(*shm.lock(), Link::Pending { .. }) {
-                // The peer's hello is most likely waiting in the socket already (it left
-                // before the peer reported RTS): take it now rather than at the engine's next
-                // look, so the request goes straight to the peer's memory.
+            if !shm.linked.load(Ordering::Acquire) && matches!(*shm.lock(), Link::Pending { .. }) {
                 let shared = &self.ctx.shared;
                 shared.poll_shm_host(shared.now(), true, false);
             }
         }
+    }
+
+    /// Does `wr` at once in a same-host peer's memory if it can (see `shm::direct`), else
+    /// queues it for the transport; returns whether it was queued (a doorbell is due).
+    fn post_one(&self, wr: Cow<'_, SendWr>) -> Result<bool> {
+        self.take_waiting_hello();
         if let Some(shm) = self.shared.shm_linked() {
             let mut q = self.shared.qp.lock();
-            let generation = shm.generation.load(Ordering::Acquire);
-            if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
-                q.peer_memory = match &*shm.lock() {
-                    Link::Linked(peer) => Some(peer.memory(generation)),
-                    _ => None,
-                };
-            }
+            refresh_peer_memory(&mut q, shm);
             if let Some(wc) = direct::execute(&self.ctx.shared, &mut q, &wr) {
                 q.direct_ops += 1;
                 // Completions of earlier requests the transport finished but the engine has
@@ -311,22 +308,10 @@ impl QueuePair {
         len: usize,
         need: Access,
     ) -> Option<PeerRegionMap> {
-        if let Some(shm) = &self.shared.shm {
-            if !shm.linked.load(Ordering::Acquire) && matches!(*shm.lock(), Link::Pending { .. }) {
-                // The peer's hello is most likely in the socket already (as in `post_one`).
-                let shared = &self.ctx.shared;
-                shared.poll_shm_host(shared.now(), true, false);
-            }
-        }
+        self.take_waiting_hello();
         let shm = self.shared.shm_linked()?;
         let mut q = self.shared.qp.lock();
-        let generation = shm.generation.load(Ordering::Acquire);
-        if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
-            q.peer_memory = match &*shm.lock() {
-                Link::Linked(peer) => Some(peer.memory(generation)),
-                _ => None,
-            };
-        }
+        refresh_peer_memory(&mut q, shm);
         let (map, offset) = q
             .peer_memory
             .as_mut()?
@@ -470,5 +455,16 @@ impl PeerRegionMap {
     /// Whether no bytes are mapped.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+/// Makes `q`'s view of its linked peer's memory current with the link's generation.
+fn refresh_peer_memory(q: &mut crate::provider::QpCore, shm: &crate::provider::ShmQp) {
+    let generation = shm.generation.load(Ordering::Acquire);
+    if q.peer_memory.as_ref().map(|m| m.generation) != Some(generation) {
+        q.peer_memory = match &*shm.lock() {
+            Link::Linked(peer) => Some(peer.memory(generation)),
+            _ => None,
+        };
     }
 }
