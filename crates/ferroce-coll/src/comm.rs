@@ -97,6 +97,9 @@ pub enum CollError {
     /// The rendezvous failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The caller's exchange (see [`Communicator::with_exchange`]) failed.
+    #[error("the exchange of endpoints failed: {0}")]
+    Exchange(String),
     /// A ferroce call failed.
     #[error("ferroce: {0}")]
     Verbs(#[from] ferroce::Error),
@@ -519,6 +522,34 @@ impl Communicator {
         // Every rank's QPs are ready before anyone sends.
         store.all_gather(&[])?;
         comm.store = Some(store);
+        Ok(comm)
+    }
+
+    /// Connects rank `rank` of `size` through an exchange the caller provides (another
+    /// framework's key-value store, say: torch.distributed's): `exchange(card)` hands this
+    /// rank's bytes to every rank and returns every rank's, in rank order; it is called twice
+    /// (the cards, then an empty one that tells every rank all QPs are ready). The device is
+    /// `opts.device`, else the one holding the address this host reaches `master` from, else
+    /// loopback's.
+    pub fn with_exchange(
+        rank: usize,
+        size: usize,
+        master: Option<SocketAddr>,
+        opts: &CommOptions,
+        mut exchange: impl FnMut(&[u8]) -> Result<Vec<Vec<u8>>, String>,
+    ) -> Result<Communicator, CollError> {
+        if size == 0 || rank >= size {
+            return Err(CollError::BadRank { rank, size });
+        }
+        let device = match (&opts.device, master) {
+            (Some(name), _) => ferroce::device_by_name(name)?,
+            (None, Some(m)) => device_for(m)?,
+            (None, None) => device_for(SocketAddr::from(([127, 0, 0, 1], 0)))?,
+        };
+        let comm = Communicator::build(rank, size, &device, opts, |card| {
+            exchange(card).map_err(CollError::Exchange)
+        })?;
+        exchange(&[]).map_err(CollError::Exchange)?;
         Ok(comm)
     }
 
