@@ -4,11 +4,13 @@
     import ferroce.torch  # noqa: F401
     dist.init_process_group("ferroce")     # under torchrun
 
-CPU tensors' allreduce, allgather, broadcast, reduce_scatter, alltoall, send/recv and barrier
-run over ferroce's collectives (shared memory between ranks on a host, RoCE v2 over UDP between
+CPU tensors' all_reduce, all_gather, broadcast, reduce_scatter, send/recv and barrier run over
+ferroce's collectives (shared memory between ranks on a host, RoCE v2 over UDP between
 hosts); DistributedDataParallel works with it. The endpoints are exchanged through
 torch.distributed's own store, so it needs nothing but the rendezvous torch already has.
-Each operation completes before it returns (its ``Work`` is already done).
+Each operation completes before it returns (its ``Work`` is already done). The tensor-based
+variants (``all_gather_into_tensor``, ``reduce_scatter_tensor``) are not reachable from a
+ProcessGroup written in Python in current torch (it looks for a C++ backend for them).
 """
 
 import itertools
