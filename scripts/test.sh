@@ -3,8 +3,9 @@
 # Installs what the tests need (tshark, as an independent decoder to compare against; iproute2 and
 # ethtool for the network-namespace tests; python3 for scripts/verify_icrc.py, an independent ICRC
 # checker; rdma-core's headers, tools and perftest for the drop-in libibverbs; cargo-fuzz, by
-# scripts/fuzz.sh), then runs formatting, lint, every test of the
-# workspace, and every fuzz target for a bounded time.
+# scripts/fuzz.sh), then runs formatting, lint, every test of the workspace, the Python
+# package's tests (scripts/test-python.sh: maturin, pytest, numpy and torch from PyPI), and every
+# fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,8 @@ echo "== cargo test"
 cargo build --profile test -p ferroce-ibverbs
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+echo "== python package (pip install ./python, pytest)"
+scripts/test-python.sh
 echo "== live interop with Linux rxe (QEMU guest; set-up on first run)"
 ./interop/run-live.sh
 echo "== fuzz (bounded)"

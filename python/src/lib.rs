@@ -156,7 +156,12 @@ impl Mr {
 
     /// A copy of `length` bytes from `offset`.
     #[pyo3(signature = (length, offset = 0))]
-    fn read<'py>(&self, py: Python<'py>, length: usize, offset: usize) -> PyResult<Bound<'py, PyBytes>> {
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        length: usize,
+        offset: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let v = self.mr.to_vec(offset, length).map_err(verbs_err)?;
         Ok(PyBytes::new(py, &v))
     }
@@ -504,6 +509,8 @@ impl Qp {
     }
 
     /// INIT → RTR towards the peer whose endpoint bytes are `peer`.
+    // pyverbs' name: a state transition, not a conversion.
+    #[allow(clippy::wrong_self_convention)]
     fn to_rtr(&mut self, peer: &[u8]) -> PyResult<()> {
         let peer = EndpointInfo::from_bytes(peer).map_err(verbs_err)?;
         let local = *self
@@ -614,8 +621,11 @@ impl Raw {
 }
 
 fn dtype_of(name: &str) -> PyResult<DataType> {
-    name.parse()
-        .map_err(|_| PyValueError::new_err(format!("dtype {name:?}: float, double, half, bfloat16, int32, int64 or uint8")))
+    name.parse().map_err(|_| {
+        PyValueError::new_err(format!(
+            "dtype {name:?}: float, double, half, bfloat16, int32, int64 or uint8"
+        ))
+    })
 }
 
 fn op_of(name: &str) -> PyResult<ReduceOp> {
@@ -709,7 +719,14 @@ impl Communicator {
     }
 
     /// Reduces the `len` bytes at `ptr` in place over every rank (see [`Raw`]).
-    fn _allreduce(&mut self, py: Python<'_>, ptr: usize, len: usize, dtype: &str, op: &str) -> PyResult<()> {
+    fn _allreduce(
+        &mut self,
+        py: Python<'_>,
+        ptr: usize,
+        len: usize,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
         let (t, o, raw) = (dtype_of(dtype)?, op_of(op)?, Raw::new(ptr, len)?);
         let comm = &mut self.comm;
         // SAFETY: the package's Python code holds the buffer for the call.
@@ -718,7 +735,12 @@ impl Communicator {
     }
 
     /// Gathers every rank's input into the output (rank order).
-    fn _allgather(&mut self, py: Python<'_>, inp: (usize, usize), out: (usize, usize)) -> PyResult<()> {
+    fn _allgather(
+        &mut self,
+        py: Python<'_>,
+        inp: (usize, usize),
+        out: (usize, usize),
+    ) -> PyResult<()> {
         let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
         let comm = &mut self.comm;
         // SAFETY: both buffers are held for the call.
@@ -739,8 +761,10 @@ impl Communicator {
         let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
         let comm = &mut self.comm;
         // SAFETY: both buffers are held for the call.
-        py.allow_threads(|| comm.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, t, op))
-            .map_err(coll_err)
+        py.allow_threads(|| {
+            comm.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, t, op)
+        })
+        .map_err(coll_err)
     }
 
     /// Copies rank `root`'s bytes into every rank's.
@@ -753,7 +777,12 @@ impl Communicator {
     }
 
     /// Sends block j of the input to rank j; block i of the output comes from rank i.
-    fn _alltoall(&mut self, py: Python<'_>, inp: (usize, usize), out: (usize, usize)) -> PyResult<()> {
+    fn _alltoall(
+        &mut self,
+        py: Python<'_>,
+        inp: (usize, usize),
+        out: (usize, usize),
+    ) -> PyResult<()> {
         let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
         let comm = &mut self.comm;
         // SAFETY: both buffers are held for the call.
