@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use ferroce::cm::{EndpointInfo, RemoteRegion};
 use ferroce::{
-    Access, ConnectOptions, InitAttr, Provider, QpCaps, QpInitAttr, QpState, RecvWr, RtrAttr,
-    RtsAttr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, ConnectOptions, InitAttr, Provider, QpCaps, QpInitAttr, RecvWr, SendOp, SendWr, Sge,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use ferroce_coll::{CommOptions, DataType, ReduceOp};
 use pyo3::create_exception;
@@ -476,15 +476,7 @@ impl Qp {
     /// The state: "RESET", "INIT", "RTR", "RTS", "SQD", "SQE" or "ERR".
     #[getter]
     fn state(&self) -> &'static str {
-        match self.qp.state() {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            QpState::Rts => "RTS",
-            QpState::Sqd => "SQD",
-            QpState::Sqe => "SQE",
-            QpState::Error => "ERR",
-        }
+        self.qp.state().name()
     }
 
     /// This side of the connection exchange, as bytes to hand to the peer (its QP number,
@@ -516,19 +508,9 @@ impl Qp {
         let local = *self
             .local
             .get_or_insert_with(|| self.qp.endpoint_info(psn_for(self.qp.qpn()), None));
-        let opts = ConnectOptions::default();
-        let rtr = RtrAttr {
-            path_mtu: local.mtu.min(peer.mtu),
-            dest_qpn: peer.qpn,
-            dest_gid: peer.gid,
-            rq_psn: peer.psn,
-            max_dest_rd_atomic: local.max_rd_atomic,
-            min_rnr_timer: opts.min_rnr_timer,
-        };
         self.qp
-            .modify_to_rtr_with_port(&rtr, peer.udp_port)
+            .connect_rtr(&local, &peer, &ConnectOptions::default())
             .map_err(verbs_err)?;
-        self.qp.set_peer_acks_unasked(peer.acks_unasked);
         self.peer = Some(peer);
         Ok(())
     }
@@ -538,15 +520,8 @@ impl Qp {
         let (Some(local), Some(peer)) = (self.local, self.peer) else {
             return Err(VerbsError::new_err("to_rts before to_rtr"));
         };
-        let opts = ConnectOptions::default();
         self.qp
-            .modify_to_rts(&RtsAttr {
-                sq_psn: local.psn,
-                timeout: opts.timeout,
-                retry_cnt: opts.retry_cnt,
-                rnr_retry: opts.rnr_retry,
-                max_rd_atomic: opts.max_rd_atomic.min(peer.max_rd_atomic).max(1),
-            })
+            .connect_rts(&local, &peer, &ConnectOptions::default())
             .map_err(verbs_err)
     }
 

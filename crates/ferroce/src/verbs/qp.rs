@@ -408,6 +408,18 @@ impl QueuePair {
                 ..InitAttr::default()
             })?;
         }
+        self.connect_rtr(local, peer, opts)?;
+        self.connect_rts(local, peer, opts)
+    }
+
+    /// INIT → RTR towards `peer`, the step of [`connect`](Self::connect) that takes the peer's
+    /// endpoint (for callers that move through the states one by one, as pyverbs programs do).
+    pub fn connect_rtr(
+        &self,
+        local: &crate::cm::EndpointInfo,
+        peer: &crate::cm::EndpointInfo,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
         let rtr = RtrAttr {
             path_mtu: local.mtu.min(peer.mtu),
             dest_qpn: peer.qpn,
@@ -418,6 +430,16 @@ impl QueuePair {
         };
         self.modify_to_rtr_with_port(&rtr, peer.udp_port)?;
         self.set_peer_acks_unasked(peer.acks_unasked);
+        Ok(())
+    }
+
+    /// RTR → RTS, sending from `local`'s PSN: the last step of [`connect`](Self::connect).
+    pub fn connect_rts(
+        &self,
+        local: &crate::cm::EndpointInfo,
+        peer: &crate::cm::EndpointInfo,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
         let rts = RtsAttr {
             sq_psn: local.psn,
             timeout: opts.timeout,
