@@ -3,35 +3,45 @@
 //!
 //! # Set-up
 //! Each rank opens one ferroce context (shared memory to ranks on its host, RoCE v2 over UDP to
-//! the others: [`ferroce::Provider::Auto`]), creates one RC QP per other rank and registers two
-//! regions peers write into: an *inbox* of `slots` slots of `slot_bytes` for each other rank,
-//! and a *credit* word for each other rank. One exchange (the rendezvous's
-//! [`Store::all_gather`], or the parent's allgather for a [`split`](Communicator::split))
-//! tells every rank every other rank's QP endpoints and region keys, and each pair connects.
+//! the others: [`ferroce::Provider::Auto`]), creates one RC QP per other rank and registers the
+//! regions peers write into: an *inbox* of `slots` slots of `slot_bytes` for each other rank, a
+//! *header* word per slot (same-host peers, below) and a *credit* word for each other rank. One
+//! exchange (the rendezvous's [`Store::all_gather`], the parent's allgather for a
+//! [`split`](Communicator::split), or the caller's for [`Communicator::with_exchange`]) tells
+//! every rank every other rank's QP endpoints and region keys, and each pair connects.
 //!
 //! # Messages and credits
 //! Every byte moves the way NCCL's IB transport moves it. A message from rank `a` to rank `b` is
-//! an RDMA WRITE of at most one slot into the next of `a`'s slots in `b`'s inbox, followed by a
-//! zero-byte WRITE with immediate that tells `b` it is there (a small message is one WRITE with
-//! immediate carrying its bytes inline). `b` reduces or copies the slot where it landed (over
-//! shared memory the WRITE was one copy straight from `a`'s buffer into `b`'s memory, so the
-//! reduction reads the peer's bytes in place of a second copy) and then tells `a` the slot is
-//! free by WRITEing its count of consumed messages into `a`'s credit word for `b`. `a` sends
-//! only while fewer than `slots` of its messages are unconsumed, so no slot is overwritten
-//! before it was read, and up to `slots` messages are in flight to each peer.
+//! an RDMA WRITE of at most one slot into the next of `a`'s slots in `b`'s inbox, then a signal
+//! that it is there. `b` reduces or copies the slot where it landed and tells `a` the slot is
+//! free by WRITEing its count of consumed messages into `a`'s credit word for `b` (once half the
+//! slots are consumed, or when it has waited `CREDIT_IDLE`). `a` sends only while fewer than
+//! `slots` of its messages are unconsumed, so no slot is overwritten before it was read, and up
+//! to `slots` messages are in flight to each peer.
 //!
-//! The immediate carries a 16-bit digest of the call (collective, sizes, type, operator, root)
-//! and the message's 16-bit index: ranks that call different collectives, or the same one with
-//! different arguments, fail with [`CollError::Mismatch`] at their first message instead of
-//! exchanging garbage.
+//! The signal depends on the link:
+//! - **UDP**: a WRITE with immediate (zero-byte behind the data, or carrying bytes up to 64 KiB
+//!   inline, unsignaled: nothing waits for an inline message's acknowledgement).
+//! - **Shared memory**: a WRITE of the slot's header word, which `b` polls. Over shared memory a
+//!   WRITE is one copy done in the post, straight into `b`'s memory, as long as nothing is queued
+//!   before it; a WRITE with immediate would queue (it needs `b`'s receive and acknowledgement)
+//!   and push every later message onto the packet path. Small messages and credits skip the
+//!   post altogether: they are stored into `b`'s memory mapped here
+//!   ([`ferroce::QueuePair::map_peer_region`]), the header last, with release ordering.
+//!
+//! The signal carries a 16-bit digest of the call (collective, sizes, type, operator, root) and
+//! the message's index: ranks that call different collectives, or the same one with different
+//! arguments, fail with [`CollError::Mismatch`] at their first message instead of exchanging
+//! garbage.
 //!
 //! # Phases
 //! A collective is a sequence of [`Phase`]s run by [`Communicator::run`]: sends whose bytes are
 //! ready, and receives (each copied or reduced into place, then possibly forwarded to other
 //! ranks, the way a ring or a chain passes data on). Every send and receive is cut into
 //! messages of one slot; forwarding goes slice by slice, so a ring or a chain is pipelined.
-//! A receive that overwrites bytes this rank sent earlier in the phase waits until those sends
-//! completed (`after`), since a retransmission over UDP reads its source again.
+//! A receive that overwrites bytes this rank sends in the phase waits until those sends were
+//! posted and, unless their bytes were copied at the post, completed (`after`): a
+//! retransmission over UDP reads its source again.
 //!
 //! # Failure
 //! A phase that sees no progress for the communicator's timeout fails with
