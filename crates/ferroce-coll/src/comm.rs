@@ -238,8 +238,6 @@ struct Link {
     posted: usize,
     /// The status its QP failed with (the peer died or left).
     failed: Option<WcStatus>,
-    /// Whether it said its collective failed.
-    aborted: bool,
     /// A same-host peer's slots, header words and credit word mapped here, once the link
     /// came up over shared memory.
     maps: Option<PeerMaps>,
@@ -702,7 +700,6 @@ impl Communicator {
                 arrived: VecDeque::new(),
                 posted: RECV_DEPTH,
                 failed: None,
-                aborted: false,
                 maps: None,
                 map_failures: 0,
                 involved: false,
@@ -1352,7 +1349,6 @@ impl Communicator {
             }
             match (wc.opcode, wc.imm_data) {
                 (_, Some(ABORT_IMM)) => {
-                    l.aborted = true;
                     return Err(CollError::PeerFailed { rank: peer });
                 }
                 (WcOpcode::RecvRdmaWithImm, Some(imm)) => l.arrived.push_back(imm),
