@@ -92,7 +92,7 @@ impl Default for CommOptions {
     fn default() -> CommOptions {
         CommOptions {
             timeout: Duration::from_secs(30),
-            slot_bytes: 512 << 10,
+            slot_bytes: 1 << 20,
             slots: 4,
             small_bytes: 64 << 10,
             provider: Provider::Auto,
