@@ -703,10 +703,8 @@ impl Communicator {
         op: &str,
     ) -> PyResult<()> {
         let (t, o, raw) = (dtype_of(dtype)?, op_of(op)?, Raw::new(ptr, len)?);
-        let comm = &mut self.comm;
         // SAFETY: the package's Python code holds the buffer for the call.
-        py.allow_threads(|| comm.allreduce(unsafe { raw.slice_mut() }, t, o))
-            .map_err(coll_err)
+        self.detached(py, |comm| comm.allreduce(unsafe { raw.slice_mut() }, t, o))
     }
 
     /// Gathers every rank's input into the output (rank order).
@@ -717,10 +715,10 @@ impl Communicator {
         out: (usize, usize),
     ) -> PyResult<()> {
         let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
-        let comm = &mut self.comm;
         // SAFETY: both buffers are held for the call.
-        py.allow_threads(|| comm.allgather(unsafe { i.slice() }, unsafe { o.slice_mut() }))
-            .map_err(coll_err)
+        self.detached(py, |comm| {
+            comm.allgather(unsafe { i.slice() }, unsafe { o.slice_mut() })
+        })
     }
 
     /// Reduces the input (n blocks) over every rank; the output gets this rank's block.
@@ -734,21 +732,17 @@ impl Communicator {
     ) -> PyResult<()> {
         let (t, op) = (dtype_of(dtype)?, op_of(op)?);
         let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
-        let comm = &mut self.comm;
         // SAFETY: both buffers are held for the call.
-        py.allow_threads(|| {
+        self.detached(py, |comm| {
             comm.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, t, op)
         })
-        .map_err(coll_err)
     }
 
     /// Copies rank `root`'s bytes into every rank's.
     fn _broadcast(&mut self, py: Python<'_>, ptr: usize, len: usize, root: usize) -> PyResult<()> {
         let raw = Raw::new(ptr, len)?;
-        let comm = &mut self.comm;
         // SAFETY: the buffer is held for the call.
-        py.allow_threads(|| comm.broadcast(unsafe { raw.slice_mut() }, root))
-            .map_err(coll_err)
+        self.detached(py, |comm| comm.broadcast(unsafe { raw.slice_mut() }, root))
     }
 
     /// Sends block j of the input to rank j; block i of the output comes from rank i.
@@ -759,34 +753,42 @@ impl Communicator {
         out: (usize, usize),
     ) -> PyResult<()> {
         let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
-        let comm = &mut self.comm;
         // SAFETY: both buffers are held for the call.
-        py.allow_threads(|| comm.alltoall(unsafe { i.slice() }, unsafe { o.slice_mut() }))
-            .map_err(coll_err)
+        self.detached(py, |comm| {
+            comm.alltoall(unsafe { i.slice() }, unsafe { o.slice_mut() })
+        })
     }
 
     /// Sends the bytes to rank `peer`.
     fn _send(&mut self, py: Python<'_>, ptr: usize, len: usize, peer: usize) -> PyResult<()> {
         let raw = Raw::new(ptr, len)?;
-        let comm = &mut self.comm;
         // SAFETY: the buffer is held for the call.
-        py.allow_threads(|| comm.send(unsafe { raw.slice() }, peer))
-            .map_err(coll_err)
+        self.detached(py, |comm| comm.send(unsafe { raw.slice() }, peer))
     }
 
     /// Receives into the bytes what rank `peer` sends.
     fn _recv(&mut self, py: Python<'_>, ptr: usize, len: usize, peer: usize) -> PyResult<()> {
         let raw = Raw::new(ptr, len)?;
-        let comm = &mut self.comm;
         // SAFETY: the buffer is held for the call.
-        py.allow_threads(|| comm.recv(unsafe { raw.slice_mut() }, peer))
-            .map_err(coll_err)
+        self.detached(py, |comm| comm.recv(unsafe { raw.slice_mut() }, peer))
     }
 
     /// Waits until every rank called it.
     fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.detached(py, |comm| comm.barrier())
+    }
+}
+
+impl Communicator {
+    /// Runs `f` on the communicator without the GIL; its failure is raised as
+    /// `CollectiveError`.
+    fn detached(
+        &mut self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut ferroce_coll::Communicator) -> Result<(), ferroce_coll::CollError> + Send,
+    ) -> PyResult<()> {
         let comm = &mut self.comm;
-        py.allow_threads(|| comm.barrier()).map_err(coll_err)
+        py.allow_threads(|| f(comm)).map_err(coll_err)
     }
 }
 

@@ -372,6 +372,9 @@ pub struct Communicator {
     stage: MemoryRegion,
     /// Whether this host has more of the communicator's ranks than cores.
     oversubscribed: bool,
+    /// The cores this process may run on, read once (the standard library reads cgroup files
+    /// to tell).
+    cores: usize,
     /// Phases run (when to look at `oversubscribed` again).
     runs: u64,
     /// Completions of sends and receives both: one poll (and one pass over the socket, when
@@ -721,6 +724,7 @@ impl Communicator {
             header_src,
             stage,
             oversubscribed: false,
+            cores: std::thread::available_parallelism().map_or(1, |c| c.get()),
             runs: 0,
             cq,
             _pd: pd,
@@ -1131,7 +1135,7 @@ impl Communicator {
             .flatten()
             .filter(|l| l.qp.provider() == Provider::Shm)
             .count();
-        here > std::thread::available_parallelism().map_or(1, |c| c.get())
+        here > self.cores
     }
 
     /// Whether `peer` has a free slot for this rank's next message.
@@ -1145,7 +1149,8 @@ impl Communicator {
         Ok(l.sent - freed.min(l.sent) < self.opts.slots as u64)
     }
 
-    /// Posts one message to `peer`: `len` bytes of `src` from `off` into the next slot.
+    /// Posts one message to `peer`: `len` bytes of `src` from `off` into the next slot. The
+    /// signal depends on the link (see the module doc).
     ///
     /// # Safety
     /// A [`Src::Ptr`] must be valid for reads of `off + len` bytes, and `len` at most
@@ -1158,29 +1163,35 @@ impl Communicator {
         off: usize,
         len: usize,
     ) -> Result<(), CollError> {
-        let slot_bytes = self.opts.slot_bytes;
-        let slots = self.opts.slots as u64;
         let stage_bytes = self.stage_bytes();
         let l = self.links[peer]
             .as_mut()
             .expect("a link to every other rank");
-        let dst = l.slots.addr + (l.sent % slots) * slot_bytes as u64;
-        let wr_id = l.sent << 16 | peer as u64;
-        let shm = l.qp.provider() == Provider::Shm;
-        if let (Src::Ptr(p), true) = (src, shm) {
-            let sent = l.sent;
-            if let Some(m) = l.maps() {
-                // A small message straight into the peer's slot, then its header word with
-                // release ordering: no request posted, nothing to complete.
-                let slot = (sent % slots) as usize;
-                let word = (sent + 1) << 16 | u64::from(digest);
-                // SAFETY: the caller vouches for `off + len` bytes at `p`; the slot (`len` is
-                // at most a slot) and the header word lie in the peer's mapped regions, which
-                // the peer does not touch until the header says so, and the word is 8-aligned.
+        let index = l.sent;
+        let slot = (index % self.opts.slots as u64) as usize;
+        let dst = l.slots.addr + (slot * self.opts.slot_bytes) as u64;
+        let wr_id = index << 16 | peer as u64;
+        // SAFETY: the caller vouches for `off + len` bytes at a pointer source.
+        let ptr_bytes = |p: *const u8| unsafe { std::slice::from_raw_parts(p.add(off), len) };
+        // Whether some bytes of a caller's buffer are read after this call returns.
+        let reads_later;
+        if l.qp.provider() == Provider::Shm {
+            // A WRITE runs in the post, straight into the peer's memory, as long as nothing is
+            // queued before it; a WRITE with immediate would queue (it needs the peer's receive
+            // and acknowledgement) and push every later message onto the packet path. So the
+            // message is marked arrived by its slot's header word, which the peer polls: data,
+            // then header, in order.
+            let word = (index + 1) << 16 | u64::from(digest);
+            if let (Src::Ptr(p), Some(m)) = (src, l.maps()) {
+                // Small: stored straight into the peer's slot, then the header with release
+                // ordering; no request posted, nothing to complete.
+                // SAFETY: the slot (`len` is at most a slot) and the header word lie in the
+                // peer's mapped regions, which the peer does not touch until the header says
+                // so; the word is 8-aligned (regions start page-aligned).
                 unsafe {
                     std::ptr::copy_nonoverlapping(
-                        p.add(off),
-                        m.slots.as_ptr().add(slot * slot_bytes),
+                        ptr_bytes(p).as_ptr(),
+                        m.slots.as_ptr().add(slot * self.opts.slot_bytes),
                         len,
                     );
                     AtomicU64::from_ptr(m.headers.as_ptr().add(8 * slot).cast())
@@ -1189,79 +1200,71 @@ impl Communicator {
                 l.sent += 1;
                 return Ok(());
             }
-        }
-        // A message from a pointer is copied now: into the request (UDP), or into this slot's
-        // staging bytes (shared memory), which are not written again before the peer
-        // consumed the message (its credit).
-        let (mr, off, copied) = match src {
-            Src::Mr(mr) => (mr, off, false),
-            Src::Ptr(p) if shm => {
-                let at = (peer * slots as usize + (l.sent % slots) as usize) * stage_bytes;
-                // SAFETY: the caller vouches for `off + len` bytes at `p`.
-                let bytes = unsafe { std::slice::from_raw_parts(p.add(off), len) };
-                self.stage.write(at, bytes)?;
-                (&self.stage, at, true)
-            }
-            Src::Ptr(_) => (&self.stage, 0, true),
-        };
-        if shm {
-            // Over shared memory a WRITE runs in this call, straight into the peer's memory,
-            // as long as nothing is queued before it. A WRITE with immediate would queue (it
-            // needs the peer's receive and acknowledgement) and push every later message onto
-            // the packet path, so the message is marked arrived with a WRITE of its slot's
-            // header word instead, which the receiver polls: data, then header, in order.
-            let slot = (l.sent % slots) as usize;
-            let word = (l.sent + 1) << 16 | u64::from(digest);
-            let at = 8 * (peer * slots as usize + slot);
-            self.header_src.write_u64(at, word)?;
+            // A message from a pointer is staged in this slot's bytes of `stage`, which are not
+            // written again before the peer consumed the message (its credit).
+            let (mr, at) = match src {
+                Src::Mr(mr) => (mr, off),
+                Src::Ptr(p) => {
+                    let at = (peer * self.opts.slots + slot) * stage_bytes;
+                    self.stage.write(at, ptr_bytes(p))?;
+                    (&self.stage, at)
+                }
+            };
+            reads_later = matches!(src, Src::Mr(_));
+            let word_at = 8 * (peer * self.opts.slots + slot);
+            self.header_src.write_u64(word_at, word)?;
             let mut wrs = Vec::with_capacity(2);
             if len > 0 {
-                let mut w = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(off, len)?])
+                let mut w = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(at, len)?])
                     .remote(dst, l.slots.rkey);
                 w.flags.signaled = false;
                 wrs.push(w);
             }
-            let mut header = SendWr::new(wr_id, SendOp::Write, vec![self.header_src.sge(at, 8)?])
-                .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey);
-            // A staged message reads no caller's buffer: nothing waits for its completion.
-            header.flags.signaled = !copied;
+            let mut header =
+                SendWr::new(wr_id, SendOp::Write, vec![self.header_src.sge(word_at, 8)?])
+                    .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey);
+            // Only a message that reads a caller's buffer needs its completion awaited.
+            header.flags.signaled = reads_later;
             wrs.push(header);
             l.qp.post_send_batch(wrs)?;
-            l.sent += 1;
-            if !copied {
-                l.reads_until = l.sent;
-            }
-            return Ok(());
-        }
-        let imm = u32::from(digest) << 16 | (l.sent & 0xffff) as u32;
-        let signal = SendWr::new(wr_id, SendOp::WriteWithImm(imm), vec![]);
-        if len <= INLINE_BYTES {
-            // Copied into the request: nothing waits for its completion, so it need not ask
-            // the peer for an acknowledgement (a ferroce peer's next one covers it).
-            let data = match src {
-                // SAFETY: the caller vouches for `off + len` bytes at `p`.
-                Src::Ptr(p) => unsafe { std::slice::from_raw_parts(p.add(off), len) }.to_vec(),
-                Src::Mr(mr) => mr.to_vec(off, len)?,
-            };
-            let mut wr = signal.remote(dst, l.slots.rkey);
-            wr.inline_data = Some(data);
-            wr.flags.signaled = false;
-            l.qp.post_send(wr)?;
         } else {
-            if copied {
-                return Err(CollError::Size {
-                    what: "a message from a pointer",
-                    got: len,
-                    want: INLINE_BYTES,
-                });
+            let imm = u32::from(digest) << 16 | (index & 0xffff) as u32;
+            let signal = SendWr::new(wr_id, SendOp::WriteWithImm(imm), vec![]);
+            match src {
+                _ if len <= INLINE_BYTES => {
+                    // Copied into the request: nothing waits for its completion, so it need
+                    // not ask the peer for an acknowledgement (a ferroce peer's next one
+                    // covers it).
+                    let data = match src {
+                        Src::Ptr(p) => ptr_bytes(p).to_vec(),
+                        Src::Mr(mr) => mr.to_vec(off, len)?,
+                    };
+                    let mut wr = signal.remote(dst, l.slots.rkey);
+                    wr.inline_data = Some(data);
+                    wr.flags.signaled = false;
+                    l.qp.post_send(wr)?;
+                    reads_later = false;
+                }
+                Src::Mr(mr) => {
+                    let mut write = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(off, len)?])
+                        .remote(dst, l.slots.rkey);
+                    write.flags.signaled = false;
+                    l.qp.post_send_batch([write, signal.remote(dst, l.slots.rkey)])?;
+                    reads_later = true;
+                }
+                Src::Ptr(_) => {
+                    return Err(CollError::Size {
+                        what: "a message from a pointer",
+                        got: len,
+                        want: INLINE_BYTES,
+                    })
+                }
             }
-            let mut write = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(off, len)?])
-                .remote(dst, l.slots.rkey);
-            write.flags.signaled = false;
-            l.qp.post_send_batch([write, signal.remote(dst, l.slots.rkey)])?;
-            l.reads_until = l.sent + 1;
         }
         l.sent += 1;
+        if reads_later {
+            l.reads_until = l.sent;
+        }
         Ok(())
     }
 
