@@ -260,7 +260,7 @@ fn transmit_qp(
         // Over shared memory a packet is only made when the peer's ring has room for it: a
         // packet made and then dropped would wait for the retransmission timer.
         let take = match shm {
-            Some(s) => shm::ring_room(s, MAX_DATAGRAM).min(TAKE),
+            Some(s) => shm::ring_room(shared, qp, s, MAX_DATAGRAM).min(TAKE),
             None => TAKE,
         };
         let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
@@ -360,7 +360,7 @@ fn transmit_qp(
             qp.last_request_tx.store(now.as_nanos(), Ordering::Relaxed);
         }
         if let Some(s) = shm {
-            shm::ring_send(shared, s, &st.tx[..k], &st.tx_lens[..k]);
+            shm::ring_send(shared, qp, s, &st.tx[..k], &st.tx_lens[..k]);
             if k < take {
                 break;
             }

@@ -483,6 +483,8 @@ impl Context {
             send_errors: l(&c.send_errors),
             direct_ops,
             ud_dropped: l(&c.ud_dropped),
+            shm_peer_violations: l(&c.shm_peer_violations),
+            shm_links_refused: shared.shm.as_ref().map_or(0, |h| l(&h.links_refused)),
             qps,
         }
     }

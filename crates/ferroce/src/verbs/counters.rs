@@ -20,6 +20,7 @@ pub(crate) struct EngineCounters {
     /// Direct one-sided operations of QPs already destroyed (live QPs keep their own count).
     pub direct_ops: AtomicU64,
     pub ud_dropped: AtomicU64,
+    pub shm_peer_violations: AtomicU64,
 }
 
 /// A snapshot of a context's counters: its packet path (every datagram the socket saw, and
@@ -62,6 +63,13 @@ pub struct ContextCounters {
     /// Datagrams a UD QP dropped as IBTA says it must: Q_Key mismatch, no receive posted, QP
     /// not receiving.
     pub ud_dropped: u64,
+    /// Same-host links ended because the peer broke the shared pages' rules (a ring position
+    /// or record that cannot be true): the QP went to ERR, as for a peer gone.
+    pub shm_peer_violations: u64,
+    /// Same-host connections and hellos refused: a peer of another user (it is reached over
+    /// UDP instead), a malformed or unexpected hello, a hello from a process other than the
+    /// one listening at the QP's destination, too many connections waiting.
+    pub shm_links_refused: u64,
     /// The transport counters of every QP of the context, live and destroyed, summed.
     pub qps: Counters,
 }
@@ -83,6 +91,8 @@ impl ContextCounters {
             send_errors,
             direct_ops,
             ud_dropped,
+            shm_peer_violations,
+            shm_links_refused,
             qps,
         } = *self;
         let mut v = vec![
@@ -98,6 +108,8 @@ impl ContextCounters {
             ("send_err", send_errors),
             ("shm_direct_ops", direct_ops),
             ("ud_dropped", ud_dropped),
+            ("shm_peer_violations", shm_peer_violations),
+            ("shm_links_refused", shm_links_refused),
         ];
         v.extend(qps.named());
         v

@@ -1,40 +1,132 @@
 //! A context's presence on the host: its listener, the hello exchange that links QPs, and the
 //! events (new links, wake-ups, peers gone) the engine acts on.
+//!
+//! # Who may link, and how
+//! The listener is an abstract Unix socket: it has no file permissions, so anyone in the network
+//! namespace can connect. Every decision is therefore taken on what the **kernel** says of the
+//! other end (`SO_PEERCRED`: its pid, uid and gid), never on what it writes:
+//! - Only peers of our own uid link ([`LinkPolicy`]; `FERROCE_SHM_GROUP=GID` also admits peers
+//!   whose gid is GID). A peer of another user is refused at once on either end, and its QP
+//!   takes the packet path (UDP), where the responder checks everything.
+//! - A QP at RTR connects to the listener of its destination address and learns from the
+//!   kernel which process holds it. Only if that process may link does it send its **hello**:
+//!   its QP number, the QP it wants, and its key table's and QP page's descriptors — to the
+//!   process the application named as its peer, and no other.
+//! - A hello that arrives on the listener links a QP only if that QP is itself linking to
+//!   exactly the hello's QP number **and** the hello's sender (kernel-reported pid) is the
+//!   process that its own connection found listening at the QP's destination. So a hello from
+//!   any other process, of any uid, links nothing, and nothing re-links a linked QP: this binds
+//!   a hello to the QP's own connection as tightly as an answer on that connection would (both
+//!   come from the destination's listener process), while a peer that stopped right after
+//!   reaching RTR (its hello sent) is still linked without running code — one-sided operations
+//!   need no target CPU, from the first.
+//! - Hellos wait (parked on their connection) until their QP reaches RTR; at most
+//!   [`MAX_WAITING`] connections wait, one that sends no hello within
+//!   [`REQUEST_DEADLINE_NS`] is closed, and nothing replaces what a QP already has.
+//! - The descriptors of a hello must be sealed memfds, mapped at exactly the size of a key
+//!   table and a QP page ([`SharedMap::from_fd`]).
+//!
+//! A refusal of any kind counts in `shm_links_refused` and costs the requester nothing but the
+//! shared-memory shortcut: its QP keeps using UDP.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::link::{Link, PeerLink, ShmQp};
 use super::map::SharedMap;
-use super::pages::{KeyTable, PublishedRegion, QpPage};
+use super::pages::{KeyTable, PublishedRegion, QpPage, PAGE_LEN, TABLE_LEN};
 use crate::provider::{ContextShared, MrInner, Provider, QpShared};
 
-/// A hello that arrived before its QP reached RTR.
-#[derive(Debug)]
-pub(super) struct Offer {
-    pub(super) peer_qpn: u32,
+/// What the kernel says of a Unix socket's other end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PeerCred {
     pub(super) pid: u32,
-    pub(super) table: SharedMap,
-    pub(super) page: SharedMap,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+}
+
+/// The credentials of the process at the other end of `sock` (`SO_PEERCRED`: for a connected
+/// socket, its peer at `connect`; for an accepted one, the connecting process).
+pub(super) fn peer_cred(sock: RawFd) -> io::Result<PeerCred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` is a live ucred and `len` its size, as SO_PEERCRED expects.
+    let r = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || c.pid <= 0 {
+        return Err(io::Error::other(
+            "no peer credentials on a shared-memory connection",
+        ));
+    }
+    Ok(PeerCred {
+        pid: c.pid as u32,
+        uid: c.uid,
+        gid: c.gid,
+    })
+}
+
+/// Which processes may link with this context's QPs over shared memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkPolicy {
+    uid: u32,
+    /// `FERROCE_SHM_GROUP`: peers whose gid is this are admitted too.
+    group: Option<u32>,
+}
+
+impl LinkPolicy {
+    /// Our own uid, and the group the environment opts in, if any.
+    pub(crate) fn from_env() -> LinkPolicy {
+        LinkPolicy {
+            // SAFETY: geteuid cannot fail.
+            uid: unsafe { libc::geteuid() },
+            group: std::env::var("FERROCE_SHM_GROUP")
+                .ok()
+                .and_then(|g| g.trim().parse().ok()),
+        }
+    }
+
+    /// Whether a process with these credentials may link.
+    pub(super) fn admits(&self, c: &PeerCred) -> bool {
+        c.uid == self.uid || self.group.is_some_and(|g| g == c.gid)
+    }
 }
 
 /// An accepted hello connection.
 #[derive(Debug)]
 pub(super) struct Incoming {
     pub(super) fd: OwnedFd,
-    /// Our QP and the inode of the peer's QP page, once its hello arrived.
-    pub(super) hello: Option<(u32, u64)>,
+    /// Who connected, as the kernel says.
+    pub(super) cred: PeerCred,
+    /// When (context clock, ns) it was accepted.
+    pub(super) accepted_ns: u64,
+    /// Its hello, once read: our QP it asks for, and the requesting QP.
+    pub(super) request: Option<(u32, u32)>,
+    /// The hello's descriptors (key table, QP page), until a link takes them.
+    pub(super) fds: Vec<OwnedFd>,
+    /// The id of our QP's link made from it (its hang-up then ends that link).
+    pub(super) linked: Option<u64>,
 }
 
 /// What happened on the listener that the context must act on.
 #[derive(Debug, Default)]
 pub(crate) struct HostEvents {
-    /// Our QPs whose peer hung up, each with the inode of the peer QP page its hello carried:
-    /// the QP goes to ERR only if it is still linked to that page (see [`ShmQp::linked_to`]).
+    /// Our QPs whose peer hung up, each with the id of the link the peer's connection was
+    /// used for: the QP goes to ERR only if it still has that link (see
+    /// [`ShmQp::linked_to`]).
     pub peers_gone: Vec<(u32, u64)>,
     /// Whether anything arrived at all.
     pub did: bool,
@@ -46,15 +138,24 @@ pub(crate) struct ShmHost {
     pub provider: Provider,
     pub table: KeyTable,
     pub(super) listener: OwnedFd,
-    pub(super) pid: u32,
+    pub(super) policy: LinkPolicy,
     pub(super) incoming: Mutex<Vec<Incoming>>,
-    pub(super) offers: Mutex<HashMap<u32, Offer>>,
     /// Peers gone that an application thread saw: the engine, which alone reads the rings,
     /// ends those links on its next pass, after handling what the peer wrote before it went.
     pub(super) gone_pending: Mutex<Vec<(u32, u64)>>,
     /// When (ns on the context clock) the listener was last looked at.
-    pub(super) last_poll: std::sync::atomic::AtomicU64,
+    pub(super) last_poll: AtomicU64,
+    /// Ids for links, unique in this context.
+    pub(super) next_link_id: AtomicU64,
+    /// Connections and hellos refused (see the module doc).
+    pub(crate) links_refused: AtomicU64,
 }
+
+/// Most connections that may wait for their QP at once: beyond it new ones are refused (their
+/// QPs use UDP).
+pub(super) const MAX_WAITING: usize = 256;
+/// How long a connection may stay without sending its request.
+pub(super) const REQUEST_DEADLINE_NS: u64 = 2_000_000_000;
 
 /// How often an engine pass looks at the listener and hello connections. They carry hellos,
 /// wake-up bytes and hang-ups, none urgent (a QP whose hello has not been read yet sends by
@@ -199,15 +300,20 @@ impl ShmHost {
             provider,
             table,
             listener,
-            pid: std::process::id(),
+            policy: LinkPolicy::from_env(),
             incoming: Mutex::new(Vec::new()),
-            offers: Mutex::new(HashMap::new()),
             gone_pending: Mutex::new(Vec::new()),
-            last_poll: std::sync::atomic::AtomicU64::new(0),
+            last_poll: AtomicU64::new(0),
+            next_link_id: AtomicU64::new(1),
+            links_refused: AtomicU64::new(0),
         })
     }
 
-    /// Descriptors the engine sleeps on: the listener and every hello connection.
+    fn refused(&self) {
+        self.links_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Descriptors the engine sleeps on: the listener and every accepted connection.
     pub(crate) fn wait_fds(&self, out: &mut Vec<RawFd>) {
         out.push(self.listener.as_raw_fd());
         let inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,7 +321,8 @@ impl ShmHost {
     }
 
     /// Starts linking `qp` (now at RTR) to the QP `peer_qpn` of the context at `dest`:
-    /// `Ok(false)` when no ferroce context listens there (use UDP).
+    /// `Ok(false)` when no ferroce context of a process this context may link with listens
+    /// there (use UDP).
     pub(crate) fn start_link(
         &self,
         qp: &ShmQp,
@@ -236,47 +343,73 @@ impl ShmHost {
         if r != 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
-                Some(libc::ECONNREFUSED) | Some(libc::ENOENT) => Ok(false),
+                Some(libc::ECONNREFUSED) | Some(libc::ENOENT) | Some(libc::EAGAIN) => Ok(false),
                 _ => Err(e),
             };
         }
-        let mut hello = [0u8; HELLO_LEN];
-        hello[0..4].copy_from_slice(&HELLO_MAGIC);
-        hello[4] = HELLO_VERSION;
-        hello[8..12].copy_from_slice(&qpn.to_ne_bytes());
-        hello[12..16].copy_from_slice(&peer_qpn.to_ne_bytes());
-        let mut with_pid = hello.to_vec();
-        with_pid.extend_from_slice(&self.pid.to_ne_bytes());
+        // The process that bound the destination's name, as the kernel says: it is the one
+        // our QP links with, or none.
+        let cred = peer_cred(sock.as_raw_fd())?;
+        if !self.policy.admits(&cred) {
+            self.refused();
+            return Ok(false);
+        }
         send_with_fds(
             sock.as_raw_fd(),
-            &with_pid,
+            &hello(qpn, peer_qpn),
             &[self.table.map.fd(), qp.page.map.fd()],
         )?;
-        // The peer's hello may be read at any moment by another thread (`take_hello`), which
-        // under this QP's link lock either completes a pending link or parks the hello as an
-        // offer. So the link turns pending and the parked offer is looked for under that same
-        // lock: the hello is then seen by exactly one of the two. (Looking for the offer first
-        // and taking the lock after let a hello parked in between wait forever, with this side
-        // pending and the peer linked, its packets going to a ring nobody read.)
-        let mut link = qp.lock();
-        *link = Link::Pending {
-            out: sock,
+        let id = self.next_link_id.fetch_add(1, Ordering::Relaxed);
+        *qp.lock() = Link::Pending {
+            out: Arc::new(sock),
             peer_qpn,
+            peer_pid: cred.pid,
+            id,
         };
-        let offer = self
-            .offers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&qpn)
-            .filter(|o| o.peer_qpn == peer_qpn);
-        if let Some(o) = offer {
-            complete(qp, &mut link, o)?;
+        // The peer's hello may be parked already (it reached RTR first): link from it now.
+        // Lock order: the incoming list, then the QP's link (as `poll` takes them).
+        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = inc.iter().position(|i| {
+            i.linked.is_none() && i.request == Some((qpn, peer_qpn)) && i.cred.pid == cred.pid
+        }) {
+            if !self.link_from(qp, &mut inc[at]) {
+                inc.swap_remove(at);
+            }
         }
         Ok(true)
     }
 
-    /// Accepts hello connections, reads hellos and wake-up bytes, and notices peers that hung
-    /// up. `find` gives the shm side of one of our QPs by number.
+    /// Links `qp` from the hello `i` if `qp` is linking to exactly the QP and the process that
+    /// sent it; returns `false` if the hello's descriptors were refused (the connection is
+    /// then to be closed). Lock order: the incoming list (held by the caller), then the link.
+    fn link_from(&self, qp: &ShmQp, i: &mut Incoming) -> bool {
+        let Some((_, theirs)) = i.request else {
+            return true;
+        };
+        let mut link = qp.lock();
+        let id = match &*link {
+            Link::Pending {
+                peer_qpn,
+                peer_pid,
+                id,
+                ..
+            } if *peer_qpn == theirs && *peer_pid == i.cred.pid => *id,
+            _ => return true,
+        };
+        match self.complete(qp, &mut link, std::mem::take(&mut i.fds)) {
+            Ok(()) => {
+                i.linked = Some(id);
+                true
+            }
+            Err(_) => {
+                self.refused();
+                false
+            }
+        }
+    }
+
+    /// Accepts hello connections, reads hellos and wake-up bytes, and notices peers
+    /// that hung up. `find` gives one of our QPs by number.
     pub(crate) fn poll(
         &self,
         now_ns: u64,
@@ -289,6 +422,16 @@ impl ShmHost {
             return ev;
         }
         self.last_poll.store(now_ns.max(1), Ordering::Relaxed);
+        self.poll_incoming(now_ns, find, &mut ev);
+        ev
+    }
+
+    fn poll_incoming(
+        &self,
+        now_ns: u64,
+        find: &dyn Fn(u32) -> Option<Arc<QpShared>>,
+        ev: &mut HostEvents,
+    ) {
         let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             // SAFETY: accept4 on our listening socket, no address wanted; result checked.
@@ -304,11 +447,22 @@ impl ShmHost {
                 break;
             }
             ev.did = true;
-            inc.push(Incoming {
-                // SAFETY: a fresh descriptor from accept4.
-                fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                hello: None,
-            });
+            // SAFETY: a fresh descriptor from accept4.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            match peer_cred(fd.as_raw_fd()) {
+                Ok(cred) if self.policy.admits(&cred) && inc.len() < MAX_WAITING => {
+                    inc.push(Incoming {
+                        fd,
+                        cred,
+                        accepted_ns: now_ns,
+                        request: None,
+                        fds: Vec::new(),
+                        linked: None,
+                    })
+                }
+                // Another user, or too many waiting: closing it tells the other end to use UDP.
+                _ => self.refused(),
+            }
         }
         let mut i = 0;
         while i < inc.len() {
@@ -316,107 +470,116 @@ impl ShmHost {
             loop {
                 let mut buf = [0u8; 64];
                 match recv_with_fds(inc[i].fd.as_raw_fd(), &mut buf) {
-                    Ok(None) => break,
+                    Ok(None) => {
+                        if inc[i].request.is_none()
+                            && now_ns.saturating_sub(inc[i].accepted_ns) > REQUEST_DEADLINE_NS
+                        {
+                            self.refused();
+                            closed = true;
+                        }
+                        break;
+                    }
                     Ok(Some((0, _))) | Err(_) => {
                         closed = true;
                         break;
                     }
                     Ok(Some((n, fds))) => {
                         ev.did = true;
-                        if inc[i].hello.is_none() {
-                            match self.take_hello(&buf[..n], fds, find) {
-                                Some(hello) => inc[i].hello = Some(hello),
-                                None => {
-                                    closed = true;
-                                    break;
+                        if inc[i].request.is_some() {
+                            // Later messages are wake-up bytes: reading them was the point.
+                            continue;
+                        }
+                        match parse_hello(&buf[..n]) {
+                            Some(r) if fds.len() == 2 => {
+                                inc[i].request = Some(r);
+                                inc[i].fds = fds;
+                                let qp = find(r.0);
+                                if let Some(shm) = qp.as_ref().and_then(|q| q.shm.as_ref()) {
+                                    if !self.link_from(shm, &mut inc[i]) {
+                                        closed = true;
+                                        break;
+                                    }
                                 }
                             }
+                            _ => {
+                                self.refused();
+                                closed = true;
+                                break;
+                            }
                         }
-                        // Later messages are wake-up bytes: reading them was the point.
                     }
                 }
             }
             if closed {
                 let gone = inc.swap_remove(i);
-                if let Some((ours, page)) = gone.hello {
-                    // A hello parked for a QP that never linked to it is of no use now.
-                    let mut offers = self.offers.lock().unwrap_or_else(|e| e.into_inner());
-                    if offers.get(&ours).is_some_and(|o| o.page.inode() == page) {
-                        offers.remove(&ours);
-                    }
-                    ev.peers_gone.push((ours, page));
+                if let (Some((ours, _)), Some(id)) = (gone.request, gone.linked) {
+                    ev.peers_gone.push((ours, id));
                 }
                 ev.did = true;
             } else {
                 i += 1;
             }
         }
-        ev
     }
 
-    /// Checks a hello and links (or parks) it; returns the QP it is for and the inode of the
-    /// peer's QP page, `None` if it is not a valid hello.
-    pub(super) fn take_hello(
-        &self,
-        msg: &[u8],
-        fds: Vec<OwnedFd>,
-        find: &dyn Fn(u32) -> Option<Arc<QpShared>>,
-    ) -> Option<(u32, u64)> {
-        if msg.len() != HELLO_LEN + 4 || msg[0..4] != HELLO_MAGIC || msg[4] != HELLO_VERSION {
-            return None;
-        }
-        let word = |at: usize| u32::from_ne_bytes([msg[at], msg[at + 1], msg[at + 2], msg[at + 3]]);
-        let (peer_qpn, ours, pid) = (word(8), word(12), word(16));
-        let mut fds = fds.into_iter();
-        let (table, page) = (fds.next()?, fds.next()?);
-        let offer = Offer {
-            peer_qpn,
-            pid,
-            table: SharedMap::from_fd(table).ok()?,
-            page: SharedMap::from_fd(page).ok()?,
+    /// Turns a pending link and the peer's hello into a linked QP. The descriptors must be a
+    /// key table and a QP page: sealed memfds, mapped at exactly their kinds' sizes, stamped,
+    /// with ring positions that agree.
+    fn complete(&self, qp: &ShmQp, link: &mut Link, fds: Vec<OwnedFd>) -> io::Result<()> {
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        let [table, page]: [OwnedFd; 2] = fds
+            .try_into()
+            .map_err(|_| invalid("a hello carries exactly two descriptors"))?;
+        let table = KeyTable::from_map(SharedMap::from_fd(table, TABLE_LEN)?)?;
+        let page = QpPage::from_map(SharedMap::from_fd(page, PAGE_LEN)?)?;
+        let producer = page
+            .ring()
+            .producer()
+            .map_err(|_| invalid("the peer's ring positions disagree"))?;
+        let Link::Pending {
+            out, peer_pid, id, ..
+        } = std::mem::take(link)
+        else {
+            return Err(invalid("the QP is not linking"));
         };
-        let page_inode = offer.page.inode();
-        let qp = find(ours)?;
-        let shm = qp.shm.as_ref()?;
-        let mut link = shm.lock();
-        match &*link {
-            Link::Pending { peer_qpn: p, .. } if *p == peer_qpn => {
-                complete(shm, &mut link, offer).ok()?;
-            }
-            Link::Linked(_) | Link::Broken => return None,
-            _ => {
-                self.offers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(ours, offer);
-            }
-        }
-        Some((ours, page_inode))
+        *link = Link::Linked(Box::new(PeerLink {
+            out,
+            pid: peer_pid,
+            id,
+            table: Arc::new(table),
+            page: Arc::new(page),
+            producer,
+        }));
+        qp.generation.fetch_add(1, Ordering::AcqRel);
+        qp.linked.store(true, Ordering::Release);
+        Ok(())
     }
-}
-
-/// Turns a pending link and the peer's hello into a linked QP.
-pub(super) fn complete(qp: &ShmQp, link: &mut Link, offer: Offer) -> io::Result<()> {
-    let Link::Pending { out, peer_qpn } = std::mem::take(link) else {
-        return Ok(());
-    };
-    let table = KeyTable::from_map(offer.table)?;
-    let page = QpPage::from_map(offer.page)?;
-    let _ = peer_qpn;
-    *link = Link::Linked(Box::new(PeerLink {
-        out,
-        pid: offer.pid,
-        table: Arc::new(table),
-        page: Arc::new(page),
-    }));
-    qp.generation.fetch_add(1, Ordering::AcqRel);
-    qp.linked.store(true, Ordering::Release);
-    Ok(())
 }
 
 pub(super) const HELLO_MAGIC: [u8; 4] = *b"FRSH";
-pub(super) const HELLO_VERSION: u8 = 1;
+pub(super) const HELLO_VERSION: u8 = 2;
 pub(super) const HELLO_LEN: usize = 16;
+
+/// The hello of QP `from`, linking to QP `to`.
+pub(super) fn hello(from: u32, to: u32) -> [u8; HELLO_LEN] {
+    let mut h = [0u8; HELLO_LEN];
+    h[0..4].copy_from_slice(&HELLO_MAGIC);
+    h[4] = HELLO_VERSION;
+    h[8..12].copy_from_slice(&from.to_le_bytes());
+    h[12..16].copy_from_slice(&to.to_le_bytes());
+    h
+}
+
+/// `(to, from)` of a hello — our QP it is for, and the sending QP — or `None` for anything else
+/// (another length, magic or version, or reserved bytes set).
+pub(super) fn parse_hello(msg: &[u8]) -> Option<(u32, u32)> {
+    let h: &[u8; HELLO_LEN] = msg.try_into().ok()?;
+    if h[0..4] != HELLO_MAGIC || h[4] != HELLO_VERSION || h[5..8] != [0, 0, 0] {
+        return None;
+    }
+    let word = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+    Some((word(12), word(8)))
+}
 
 /// The shared-memory provider's part of a context's calls (on its key table and listener); each
 /// does nothing on a context without shared memory.
@@ -466,12 +629,12 @@ impl ContextShared {
         }
         let gone = std::mem::take(&mut *gone);
         let mut buf = vec![0u8; crate::provider::udp::MAX_DATAGRAM];
-        for (qpn, page) in gone {
+        for (qpn, id) in gone {
             // The hello connection of a link since replaced (the QP was reset, and maybe
             // connected anew) says nothing about the QP now.
             if let Some(qp) = self
                 .qp(qpn)
-                .filter(|q| q.shm.as_ref().is_some_and(|s| s.linked_to(page)))
+                .filter(|q| q.shm.as_ref().is_some_and(|s| s.linked_to(id)))
             {
                 // What the peer wrote before it went (the ACK of our last SEND, say) counts.
                 super::transfer::drain_ring(self, &qp, &mut buf, now, usize::MAX);

@@ -13,7 +13,7 @@ use ferroce_proto::Access;
 use super::direct;
 use super::map::SharedMap;
 use super::pages::{KeyTable, PublishedRegion, QpPage};
-use super::ring::Ring;
+use super::ring::Producer;
 
 /// The peer region a QP used last: what its key-table slot said, under which sequence number,
 /// and its mapping.
@@ -28,10 +28,15 @@ pub(super) struct LastRegion {
 #[derive(Debug)]
 pub(crate) struct PeerLink {
     /// The hello connection this side opened (wake-ups go down it).
-    pub(super) out: OwnedFd,
+    pub(super) out: Arc<OwnedFd>,
+    /// Names this link among the QP's links (see [`ShmQp::linked_to`]).
+    pub(super) id: u64,
+    /// The peer's process, as the kernel reported it for the listener we connected to.
     pub(super) pid: u32,
     pub(super) table: Arc<KeyTable>,
     pub(super) page: Arc<QpPage>,
+    /// Our end of the peer's inbound ring, with our position kept here, not in the page.
+    pub(super) producer: Producer,
 }
 
 /// A linked QP's way into its peer's memory, for one-sided operations done in `post_send`. A QP
@@ -60,8 +65,14 @@ pub(crate) enum Link {
     /// Not connected over shm (UDP, or not yet at RTR).
     #[default]
     Off,
-    /// Our hello went out; the peer's has not arrived yet.
-    Pending { out: OwnedFd, peer_qpn: u32 },
+    /// Our request went out on `out` to the listener of process `peer_pid` (as the kernel
+    /// says); the answer, with the peer's descriptors, has not arrived yet.
+    Pending {
+        out: Arc<OwnedFd>,
+        peer_qpn: u32,
+        peer_pid: u32,
+        id: u64,
+    },
     /// Both hellos exchanged: packets go through rings, one-sided operations straight to memory.
     Linked(Box<PeerLink>),
     /// The peer went away: the QP was moved to ERR.
@@ -77,6 +88,9 @@ pub(crate) struct ShmQp {
     pub linked: AtomicBool,
     /// Counts the links made, so a [`PeerMemory`] made from an earlier one is not used.
     pub generation: std::sync::atomic::AtomicU64,
+    /// The consumer's position in this QP's own inbound ring (only the engine reads the ring):
+    /// kept here because the page's copy is writable by the peer.
+    pub ring_tail: std::sync::atomic::AtomicU64,
 }
 
 impl ShmQp {
@@ -86,6 +100,7 @@ impl ShmQp {
             link: Mutex::new(Link::Off),
             linked: AtomicBool::new(false),
             generation: std::sync::atomic::AtomicU64::new(0),
+            ring_tail: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -93,20 +108,14 @@ impl ShmQp {
         self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether this QP is linked to the peer QP whose page has inode `page` (each QP's page is
-    /// a memfd of its own, so the inode names one peer QP, whatever its number: a QP reset and
-    /// connected again may well reach a peer with its old peer's number).
-    pub(crate) fn linked_to(&self, page: u64) -> bool {
-        matches!(&*self.lock(), Link::Linked(p) if p.page.map.inode() == page)
+    /// Whether this QP still has the link `id` (a QP reset and connected again may well reach
+    /// a peer with its old peer's number, but its link has a new id).
+    pub(crate) fn linked_to(&self, id: u64) -> bool {
+        matches!(&*self.lock(), Link::Linked(p) if p.id == id)
     }
 }
 
 impl PeerLink {
-    /// The peer's inbound ring (where our packets go).
-    pub(crate) fn ring(&self) -> Ring {
-        self.page.ring()
-    }
-
     /// Wakes the peer's engine if it sleeps.
     pub(crate) fn wake(&self) {
         if self.table.sleeping() {

@@ -3,6 +3,14 @@
 //! Bytes in a shared mapping may be changed by another process at any moment, so they are only
 //! ever reached through raw-pointer copies and atomics (never through Rust references), just as
 //! a NIC's DMA reaches registered memory behind the CPU's back.
+//!
+//! # Sealing
+//! A process that maps a file another process holds is at that process's mercy if the file can
+//! shrink: touching a page past the new end raises SIGBUS, which kills the victim. So every
+//! memfd ferroce makes is sealed against shrinking and growing as soon as it has its size
+//! (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`), and a descriptor from a peer is mapped only if
+//! it is a memfd carrying those seals ([`require_sealed`]); only the length the caller needs is
+//! mapped, never what the file says its size is.
 
 use std::ffi::CString;
 use std::io;
@@ -42,12 +50,32 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// Accepts `fd` only as a memfd sealed against shrinking and growing (what every memfd ferroce
+/// makes is), so that no page of a mapping of it can ever lie past the file's end: a peer that
+/// kept the power to truncate could kill whoever maps it with SIGBUS. Returns its `fstat`.
+pub(crate) fn require_sealed(fd: RawFd) -> io::Result<libc::stat> {
+    let st = fstat(fd)?;
+    // SAFETY: plain fcntl(2) query; the result is checked. It fails (EINVAL) for anything but
+    // a shmem/hugetlbfs file, which is how a regular file or a socket is refused.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || seals < 0 || seals & need != need {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the peer's descriptor is not a memfd sealed against resizing",
+        ));
+    }
+    Ok(st)
+}
+
 impl SharedMap {
     /// Creates a zeroed memfd of `len` bytes (at least one page is mapped) and maps it.
     pub(crate) fn create(name: &str, len: usize) -> io::Result<SharedMap> {
         let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: `cname` is a live NUL-terminated string; the result is checked.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(last_error("memfd_create"));
         }
@@ -58,20 +86,31 @@ impl SharedMap {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
             return Err(last_error("ftruncate of a memfd"));
         }
+        // SAFETY: plain fcntl(2) on a descriptor we own; the result is checked.
+        let sealed = unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if sealed != 0 {
+            return Err(last_error("sealing a memfd"));
+        }
         Self::map_fd(fd, size, len)
     }
 
-    /// Maps a memfd received from a peer (its size is what `fstat` says).
-    pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<SharedMap> {
-        let st = fstat(fd.as_raw_fd())?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size <= 0 {
+    /// Maps the first `len` bytes of a memfd received from a peer, which must be a sealed memfd
+    /// (see [`require_sealed`]) of at least that size.
+    pub(crate) fn from_fd(fd: OwnedFd, len: usize) -> io::Result<SharedMap> {
+        let st = require_sealed(fd.as_raw_fd())?;
+        if len == 0 || (st.st_size as u64) < len as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "the descriptor is not a non-empty memory file",
+                "the peer's memory file is smaller than its kind is",
             ));
         }
-        let size = st.st_size as usize;
-        Self::map_fd(fd, size, size)
+        Self::map_fd(fd, len, len)
     }
 
     /// Opens another process's memfd by its descriptor number, one-sidedly (the owner runs no
@@ -87,14 +126,14 @@ impl SharedMap {
         }
         // SAFETY: `raw` was just returned by open and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let st = fstat(fd.as_raw_fd())?;
+        let st = require_sealed(fd.as_raw_fd())?;
         if st.st_ino != inode || (st.st_size as u64) < len.max(1) as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "the peer's descriptor no longer names the published region",
             ));
         }
-        Self::map_fd(fd, st.st_size as usize, len)
+        Self::map_fd(fd, len.max(1), len)
     }
 
     fn map_fd(fd: OwnedFd, size: usize, len: usize) -> io::Result<SharedMap> {

@@ -8,43 +8,77 @@ use std::sync::Arc;
 use ferroce_proto::Instant;
 use ferroce_wire::RocePacket;
 
+use super::ring::RingError;
 use super::{Link, ShmQp};
 use crate::provider::engine::hand_over;
 use crate::provider::{ContextShared, QpShared};
 
 /// How many packets of `len` bytes the linked peer's ring has room for now (0 when the QP is
 /// not linked): the engine makes a packet only when it can go, since one made and then dropped
-/// would wait for the retransmission timer.
-pub(crate) fn ring_room(shm: &ShmQp, len: usize) -> usize {
-    match &*shm.lock() {
-        Link::Linked(p) => p.ring().room_for(len),
-        _ => 0,
-    }
+/// would wait for the retransmission timer. A peer whose ring positions cannot be true ends the
+/// link (see [`peer_broke_rules`]).
+pub(crate) fn ring_room(shared: &ContextShared, qp: &QpShared, shm: &ShmQp, len: usize) -> usize {
+    let room = match &*shm.lock() {
+        Link::Linked(p) => p.producer.room_for(len),
+        _ => Ok(0),
+    };
+    room.unwrap_or_else(|RingError| {
+        peer_broke_rules(shared, qp);
+        0
+    })
 }
 
 /// Puts packets into a linked peer's ring (room was checked before they were made) and wakes
 /// its engine if it sleeps. The ring is not a network: no ICRC is computed or checked.
-pub(crate) fn ring_send(shared: &ContextShared, shm: &ShmQp, bufs: &[Vec<u8>], lens: &[usize]) {
-    let link = shm.lock();
-    let Link::Linked(peer) = &*link else {
+pub(crate) fn ring_send(
+    shared: &ContextShared,
+    qp: &QpShared,
+    shm: &ShmQp,
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+) {
+    let mut link = shm.lock();
+    let Link::Linked(peer) = &mut *link else {
         return;
     };
-    let ring = peer.ring();
     let mut bytes = 0;
     let mut sent = 0;
+    let mut broke = false;
     for (b, &n) in bufs.iter().zip(lens) {
-        if ring.push(&b[..n]) {
-            sent += 1;
-            bytes += n;
-        } else {
+        match peer.producer.push(&b[..n]) {
+            Ok(true) => {
+                sent += 1;
+                bytes += n;
+            }
             // Cannot happen (room was checked); the transport's retransmission would cover it.
-            shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            Ok(false) => {
+                shared.counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(RingError) => {
+                broke = true;
+                break;
+            }
         }
     }
     let c = &shared.counters;
     c.tx_packets.fetch_add(sent, Ordering::Relaxed);
     c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     peer.wake();
+    drop(link);
+    if broke {
+        peer_broke_rules(shared, qp);
+    }
+}
+
+/// The linked peer broke the rules of the shared pages (a ring position or record that cannot
+/// be true): nothing more from it can be trusted, so the link ends as if the peer had gone —
+/// the QP goes to ERR, flushing its work — and the violation is counted.
+pub(crate) fn peer_broke_rules(shared: &ContextShared, qp: &QpShared) {
+    shared
+        .counters
+        .shm_peer_violations
+        .fetch_add(1, Ordering::Relaxed);
+    peer_gone(qp, true);
 }
 
 /// Most packets one pass takes from one QP's ring, so one busy QP cannot starve the rest.
@@ -68,8 +102,6 @@ pub(crate) fn receive(
     did
 }
 
-/// A linked peer went away (or broke the ring): the QP goes to ERR, flushing its work; the
-/// completions leave in this pass's transmit step.
 /// Hands over up to `limit` packets waiting in the QP's incoming ring; returns whether any
 /// came (or the ring broke, which ends the link).
 pub(crate) fn drain_ring(
@@ -82,10 +114,13 @@ pub(crate) fn drain_ring(
     let Some(s) = qp.shm_linked() else {
         return false;
     };
-    let ring = s.page.ring();
+    // Our own position, kept privately (the page's copy is the peer's to scribble on).
+    let mut ring = s.page.ring().consumer(s.ring_tail.load(Ordering::Relaxed));
     let mut did = false;
     for _ in 0..limit {
-        match ring.pop(buf) {
+        let popped = ring.pop(buf);
+        s.ring_tail.store(ring.tail, Ordering::Relaxed);
+        match popped {
             Ok(Some(n)) => {
                 did = true;
                 let c = &shared.counters;
@@ -99,10 +134,8 @@ pub(crate) fn drain_ring(
                 }
             }
             Ok(None) => break,
-            Err(_) => {
-                // The peer broke the ring: nothing more from it can be trusted.
-                shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                peer_gone(qp, true);
+            Err(RingError) => {
+                peer_broke_rules(shared, qp);
                 return true;
             }
         }
