@@ -490,7 +490,7 @@ impl ShmHost {
                             continue;
                         }
                         match parse_hello(&buf[..n]) {
-                            Some(r) if fds.len() == 2 => {
+                            Some(r) if fds_fit(&fds) => {
                                 inc[i].request = Some(r);
                                 inc[i].fds = fds;
                                 let qp = find(r.0);
@@ -559,6 +559,15 @@ impl ShmHost {
 pub(super) const HELLO_MAGIC: [u8; 4] = *b"FRSH";
 pub(super) const HELLO_VERSION: u8 = 2;
 pub(super) const HELLO_LEN: usize = 16;
+
+/// Whether a hello's descriptors can be a key table and a QP page: two sealed memfds at least
+/// as large as those (checked on arrival, so that nothing unfit is held while it waits).
+fn fds_fit(fds: &[OwnedFd]) -> bool {
+    let fits = |fd: &OwnedFd, len: usize| {
+        super::map::require_sealed(fd.as_raw_fd()).is_ok_and(|st| st.st_size as u64 >= len as u64)
+    };
+    matches!(fds, [table, page] if fits(table, TABLE_LEN) && fits(page, PAGE_LEN))
+}
 
 /// The hello of QP `from`, linking to QP `to`.
 pub(super) fn hello(from: u32, to: u32) -> [u8; HELLO_LEN] {
