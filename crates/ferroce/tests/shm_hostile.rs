@@ -340,7 +340,7 @@ fn verified_write(s: &Side, qp: &QueuePair, src: &MemoryRegion, dst: &MemoryRegi
     )
     .unwrap();
     assert_eq!(next_wc(&s.cq), (seed, WcStatus::Success));
-    assert_eq!(read_all(&dst, len), data, "WRITE {seed}");
+    assert_eq!(read_all(dst, len), data, "WRITE {seed}");
 }
 
 /// A child process of this test binary running `role`, with line-wise stdout.
