@@ -168,7 +168,9 @@ impl<'py> Exported<'py> {
                 .ok_or("gave extents whose product overflows")?;
         }
         if expect != len {
-            return Err(format!("described {expect} bytes but gave a length of {len}"));
+            return Err(format!(
+                "described {expect} bytes but gave a length of {len}"
+            ));
         }
         Ok(())
     }

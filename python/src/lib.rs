@@ -6,6 +6,17 @@
 //! copy: no Python object views memory a remote peer may write. Every call that waits releases
 //! the GIL. Failures of calls raise `VerbsError` (verbs) or `CollectiveError` (collectives);
 //! failed work requests are completions with a status, as in pyverbs.
+//!
+//! The collectives take Python objects, never addresses: the extension asks each object for
+//! its bytes through the buffer protocol and holds them exported for the call (the `buffer`
+//! module, which says why its C-API declarations are its own in an abi3-py39 build). An
+//! earlier design took `(address, length)` pairs from the package's Python code; that let a
+//! temporary be freed before the call read it (the torch backend's `t.contiguous()` of a
+//! strided tensor: a use-after-free that sent heap contents to a peer), and let any Python code
+//! have the extension read or write anywhere. Now no caller can name memory it does not hold,
+//! a buffer is checked against what its exporter reports, and an input that overlaps the output
+//! is refused. The collective methods keep a leading underscore: `ferroce.collectives` and
+//! `ferroce.torch` are the public faces (element types, tensors), these are theirs.
 
 mod buffer;
 
@@ -572,9 +583,9 @@ fn op_of(name: &str) -> PyResult<ReduceOp> {
         .map_err(|_| PyValueError::new_err(format!("op {name:?}: sum, prod, min, max or avg")))
 }
 
-/// The ranks of a job: ferroce-coll's communicator. Buffers are bytes-like objects (a
-/// `memoryview(...).cast("B")` of a numpy array, say) used in place, with no copy; the
-/// `ferroce.collectives` module wraps this with numpy's types.
+/// The ranks of a job: ferroce-coll's communicator. Buffers are objects with the buffer
+/// protocol (numpy arrays, `bytearray`, `bytes` as an input, `memoryview`), C-contiguous, used
+/// in place with no copy; the `ferroce.collectives` module wraps this with element types.
 #[pyclass(module = "ferroce")]
 struct Communicator {
     comm: ferroce_coll::Communicator,

@@ -40,6 +40,16 @@ def test_collectives_through_torch_distributed():
         assert bad == [], f"rank {rank}: {bad}"
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_operation_on_strided_tensors(size):
+    """all_reduce, broadcast, all_gather, all_gather_into_tensor (also in place),
+    reduce_scatter, reduce_scatter_tensor, all_to_all_single, all_to_all, send/recv and
+    barrier, each on column slices, step slices and transposes, between separate processes:
+    values as the operation must give them, and nothing beside the views written."""
+    for rank, bad in run_ranks(_torch_ranks.strided, size):
+        assert bad == [], f"rank {rank}: " + "\n".join(bad)
+
+
 def test_ddp_on_ferroce_and_gloo_ends_with_the_same_weights():
     steps = 5
     states = {}
