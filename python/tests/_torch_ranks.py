@@ -250,6 +250,14 @@ def strided(rank, size, port, results):
         dist.all_to_all_single(buf, buf)
         if not torch.equal(buf, torch.cat([vec(10 * i + rank, n) for i in range(size)])):
             bad.append("all_to_all_single in place (contiguous)")
+        # A tensor that requires grad (a parameter, say) is sent as its values.
+        if rank == 0:
+            dist.send(vec(5, n).requires_grad_()[1::3], 1)
+        elif rank == 1:
+            got = torch.zeros(len(range(1, n, 3)))
+            dist.recv(got, 0)
+            if not torch.equal(got, vec(5, n)[1::3]):
+                bad.append("send of a tensor that requires grad")
         dist.destroy_process_group()
     except Exception as err:
         import traceback
