@@ -4,13 +4,21 @@
     import ferroce.torch  # noqa: F401
     dist.init_process_group("ferroce")     # under torchrun
 
-CPU tensors' all_reduce, all_gather, broadcast, reduce_scatter, send/recv and barrier run over
-ferroce's collectives (shared memory between ranks on a host, RoCE v2 over UDP between
+CPU tensors' all_reduce, all_gather, all_gather_into_tensor, broadcast, reduce_scatter,
+reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits), send/recv and barrier run
+over ferroce's collectives (shared memory between ranks on a host, RoCE v2 over UDP between
 hosts); DistributedDataParallel works with it. The endpoints are exchanged through
 torch.distributed's own store, so it needs nothing but the rendezvous torch already has.
-Each operation completes before it returns (its ``Work`` is already done). The tensor-based
-variants (``all_gather_into_tensor``, ``reduce_scatter_tensor``) are not reachable from a
-ProcessGroup written in Python in current torch (it looks for a C++ backend for them).
+Each operation completes before it returns (its ``Work`` is already done). Older torch
+reaches the tensor-based variants only from a C++ backend; newer torch calls them here under
+their ``*_single`` names.
+
+Tensors of any layout work (column slices, transposes, step slices): a non-contiguous tensor
+goes through a contiguous copy, copied back where the operation writes it. A tensor reaches
+the extension only as numpy's view of it (``_buf``; numpy must be installed), which holds the
+tensor: the extension takes the bytes through the buffer protocol and holds them for the call,
+so no address passes through Python and no temporary can be freed while it is read. An input
+that shares memory with the output (an in-place ``all_gather_into_tensor``) is cloned first.
 """
 
 import itertools
@@ -56,10 +64,33 @@ def _op(reduce_op):
     raise ValueError(f"ferroce has no reduction {reduce_op}")
 
 
-def _raw(t):
+def _buf(t):
+    """The object the extension reads or writes ``t`` through: numpy's view of the contiguous
+    CPU tensor ``t`` (made by torch, which takes its address and length itself; bfloat16,
+    which numpy lacks, as int16 of the same bits). The view holds ``t``, so ``t`` and its
+    memory live as long as the view does; the extension holds the view's buffer for the whole
+    call. This is the only way a tensor reaches the extension: no address is handled here, so
+    a temporary (``t.contiguous()`` of a strided tensor) cannot be freed while a collective
+    reads it."""
     if t.device.type != "cpu":
         raise ValueError("the ferroce backend takes CPU tensors")
-    return t.data_ptr(), t.numel() * t.element_size()
+    if not t.is_contiguous():
+        raise ValueError("internal: a non-contiguous tensor reached ferroce's _buf")
+    if t.requires_grad:
+        t = t.detach()  # (only then: detach costs a microsecond per call)
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
+def _apart(inp, out):
+    """``inp`` contiguous and sharing no memory with ``out`` (cloned when it does, as in
+    torch's in-place ``all_gather_into_tensor(out, out.chunk(size)[rank])``): the extension
+    refuses an input that overlaps the output."""
+    same = inp.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+    if same and inp.numel() > 0 and out.numel() > 0:
+        return inp.clone(memory_format=torch.contiguous_format)
+    return inp.contiguous()
 
 
 class _Done(dist._Work):
@@ -119,55 +150,76 @@ class ProcessGroupFerroce(dist.ProcessGroup):
     def allreduce(self, tensors, opts):
         op = _op(opts.reduceOp)
         for t in tensors:
-            _in_place(t, lambda c: self._comm._allreduce(*_raw(c), _dtype(c), op))
+            _in_place(t, lambda c: self._comm._allreduce(_buf(c), _dtype(c), op))
         return _Done(tensors)
 
     def broadcast(self, tensors, opts):
         for t in tensors:
-            _in_place(t, lambda c: self._comm._broadcast(*_raw(c), opts.rootRank))
+            _in_place(t, lambda c: self._comm._broadcast(_buf(c), opts.rootRank))
         return _Done(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts):
         for outs, inp in zip(output_tensors, input_tensors):
             inp = inp.contiguous()
             gathered = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-            self._comm._allgather(_raw(inp), _raw(gathered))
+            self._comm._allgather(_buf(inp), _buf(gathered))
             for o, g in zip(outs, gathered):
                 o.copy_(g)
         return _Done(output_tensors)
 
     def _allgather_base(self, output, inp, opts):
-        _in_place(output, lambda c: self._comm._allgather(_raw(inp.contiguous()), _raw(c)))
+        _in_place(output, lambda c: self._comm._allgather(_buf(_apart(inp, c)), _buf(c)))
         return _Done(output)
+
+    # Newer torch dispatches all_gather_into_tensor here.
+    all_gather_single = _allgather_base
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         op = _op(opts.reduceOp)
         for out, ins in zip(output_tensors, input_tensors):
-            whole = torch.cat([i.contiguous().reshape(-1) for i in ins])
+            whole = torch.cat([i.reshape(-1) for i in ins])
             _in_place(out, lambda c: self._comm._reduce_scatter(
-                _raw(whole), _raw(c), _dtype(c), op))
+                _buf(whole), _buf(c), _dtype(c), op))
         return _Done(output_tensors)
 
     def _reduce_scatter_base(self, output, inp, opts):
         op = _op(opts.reduceOp)
         _in_place(output, lambda c: self._comm._reduce_scatter(
-            _raw(inp.contiguous()), _raw(c), _dtype(c), op))
+            _buf(_apart(inp, c)), _buf(c), _dtype(c), op))
         return _Done(output)
+
+    # Newer torch dispatches reduce_scatter_tensor here.
+    reduce_scatter_single = _reduce_scatter_base
 
     def alltoall_base(self, output, inp, output_split_sizes, input_split_sizes, opts):
         if output_split_sizes or input_split_sizes:
             raise ValueError("the ferroce backend takes equal splits only")
-        _in_place(output, lambda c: self._comm._alltoall(_raw(inp.contiguous()), _raw(c)))
+        _in_place(output, lambda c: self._comm._alltoall(_buf(_apart(inp, c)), _buf(c)))
         return _Done(output)
+
+    # Newer torch dispatches all_to_all_single here.
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        # One tensor per rank each way, all of one size (ferroce's alltoall has equal blocks).
+        sizes = {t.numel() for t in list(input_tensors) + list(output_tensors)}
+        if len(sizes) > 1:
+            raise ValueError("the ferroce backend takes equal splits only")
+        inp = torch.cat([i.reshape(-1) for i in input_tensors])
+        out = torch.empty_like(inp)
+        self._comm._alltoall(_buf(inp), _buf(out))
+        for o, block in zip(output_tensors, out.chunk(self.size())):
+            o.copy_(block.view(o.shape))
+        return _Done(output_tensors)
 
     def send(self, tensors, dst, tag):
         for t in tensors:
-            self._comm._send(*_raw(t.contiguous()), dst)
+            self._comm._send(_buf(t.contiguous()), dst)
         return _Done(tensors)
 
     def recv(self, tensors, src, tag):
         for t in tensors:
-            _in_place(t, lambda c: self._comm._recv(*_raw(c), src))
+            _in_place(t, lambda c: self._comm._recv(_buf(c), src))
         return _Done(tensors)
 
     def barrier(self, opts):

@@ -6,8 +6,23 @@
 //! copy: no Python object views memory a remote peer may write. Every call that waits releases
 //! the GIL. Failures of calls raise `VerbsError` (verbs) or `CollectiveError` (collectives);
 //! failed work requests are completions with a status, as in pyverbs.
+//!
+//! The collectives take Python objects, never addresses: the extension asks each object for
+//! its bytes through the buffer protocol and holds them exported for the call (the `buffer`
+//! module, which says why its C-API declarations are its own in an abi3-py39 build). An
+//! earlier design took `(address, length)` pairs from the package's Python code; that let a
+//! temporary be freed before the call read it (the torch backend's `t.contiguous()` of a
+//! strided tensor: a use-after-free that sent heap contents to a peer), and let any Python code
+//! have the extension read or write anywhere. Now no caller can name memory it does not hold,
+//! a buffer is checked against what its exporter reports, and an input that overlaps the output
+//! is refused. The collective methods keep a leading underscore: `ferroce.collectives` and
+//! `ferroce.torch` are the public faces (element types, tensors), these are theirs.
+
+mod buffer;
 
 use std::time::Duration;
+
+use buffer::{in_out, Input, Output};
 
 use ferroce::cm::{EndpointInfo, RemoteRegion};
 use ferroce::{
@@ -555,46 +570,6 @@ impl Qp {
     }
 }
 
-/// A buffer's bytes as the Python side (`ferroce.collectives`) found them: its address and
-/// length. The stable ABI before Python 3.11 has no buffer protocol, so the package's Python
-/// code takes the address (`ctypes`, or numpy's) and keeps the exporting object alive and its
-/// buffer exported for the call; these functions are private to it.
-#[derive(Clone, Copy)]
-struct Raw {
-    ptr: usize,
-    len: usize,
-}
-
-impl Raw {
-    fn new(ptr: usize, len: usize) -> PyResult<Raw> {
-        if ptr == 0 && len > 0 {
-            return Err(PyValueError::new_err("a null buffer address"));
-        }
-        Ok(Raw { ptr, len })
-    }
-
-    /// # Safety
-    /// The caller (the package's Python code) vouches for `len` writable bytes at `ptr`, kept
-    /// alive and untouched by anything else for the call.
-    unsafe fn slice_mut<'a>(self) -> &'a mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
-    }
-
-    /// # Safety
-    /// As for `slice_mut`, for reads.
-    unsafe fn slice<'a>(self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-}
-
 fn dtype_of(name: &str) -> PyResult<DataType> {
     name.parse().map_err(|_| {
         PyValueError::new_err(format!(
@@ -608,9 +583,9 @@ fn op_of(name: &str) -> PyResult<ReduceOp> {
         .map_err(|_| PyValueError::new_err(format!("op {name:?}: sum, prod, min, max or avg")))
 }
 
-/// The ranks of a job: ferroce-coll's communicator. Buffers are bytes-like objects (a
-/// `memoryview(...).cast("B")` of a numpy array, say) used in place, with no copy; the
-/// `ferroce.collectives` module wraps this with numpy's types.
+/// The ranks of a job: ferroce-coll's communicator. Buffers are objects with the buffer
+/// protocol (numpy arrays, `bytearray`, `bytes` as an input, `memoryview`), C-contiguous, used
+/// in place with no copy; the `ferroce.collectives` module wraps this with element types.
 #[pyclass(module = "ferroce")]
 struct Communicator {
     comm: ferroce_coll::Communicator,
@@ -693,84 +668,65 @@ impl Communicator {
         self.comm.size()
     }
 
-    /// Reduces the `len` bytes at `ptr` in place over every rank (see [`Raw`]).
-    fn _allreduce(
-        &mut self,
-        py: Python<'_>,
-        ptr: usize,
-        len: usize,
-        dtype: &str,
-        op: &str,
-    ) -> PyResult<()> {
-        let (t, o, raw) = (dtype_of(dtype)?, op_of(op)?, Raw::new(ptr, len)?);
-        // SAFETY: the package's Python code holds the buffer for the call.
-        self.detached(py, |comm| comm.allreduce(unsafe { raw.slice_mut() }, t, o))
+    /// Reduces `buf` (an object with the buffer protocol, C-contiguous and writable) in place
+    /// over every rank. Private to the package (`ferroce.collectives`, `ferroce.torch`), which
+    /// infer `dtype`; see the `buffer` module for how the bytes are held.
+    fn _allreduce(&mut self, buf: &Bound<'_, PyAny>, dtype: &str, op: &str) -> PyResult<()> {
+        let (t, o) = (dtype_of(dtype)?, op_of(op)?);
+        let mut b = Output::of(buf)?;
+        let bytes = b.alone();
+        self.detached(buf.py(), |comm| comm.allreduce(bytes, t, o))
     }
 
-    /// Gathers every rank's input into the output (rank order).
-    fn _allgather(
-        &mut self,
-        py: Python<'_>,
-        inp: (usize, usize),
-        out: (usize, usize),
-    ) -> PyResult<()> {
-        let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
-        // SAFETY: both buffers are held for the call.
-        self.detached(py, |comm| {
-            comm.allgather(unsafe { i.slice() }, unsafe { o.slice_mut() })
-        })
+    /// Gathers every rank's `inp` into `out` (rank order); they must not overlap.
+    fn _allgather(&mut self, inp: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (i, mut o) = (Input::of(inp)?, Output::of(out)?);
+        let (i, o) = in_out(&i, &mut o)?;
+        self.detached(inp.py(), |comm| comm.allgather(i, o))
     }
 
-    /// Reduces the input (n blocks) over every rank; the output gets this rank's block.
+    /// Reduces `inp` (size blocks) over every rank; `out` gets this rank's block. They must
+    /// not overlap.
     fn _reduce_scatter(
         &mut self,
-        py: Python<'_>,
-        inp: (usize, usize),
-        out: (usize, usize),
+        inp: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
         dtype: &str,
         op: &str,
     ) -> PyResult<()> {
         let (t, op) = (dtype_of(dtype)?, op_of(op)?);
-        let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
-        // SAFETY: both buffers are held for the call.
-        self.detached(py, |comm| {
-            comm.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, t, op)
-        })
+        let (i, mut o) = (Input::of(inp)?, Output::of(out)?);
+        let (i, o) = in_out(&i, &mut o)?;
+        self.detached(inp.py(), |comm| comm.reduce_scatter(i, o, t, op))
     }
 
-    /// Copies rank `root`'s bytes into every rank's.
-    fn _broadcast(&mut self, py: Python<'_>, ptr: usize, len: usize, root: usize) -> PyResult<()> {
-        let raw = Raw::new(ptr, len)?;
-        // SAFETY: the buffer is held for the call.
-        self.detached(py, |comm| comm.broadcast(unsafe { raw.slice_mut() }, root))
+    /// Copies rank `root`'s `buf` into every rank's.
+    fn _broadcast(&mut self, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
+        let mut b = Output::of(buf)?;
+        let bytes = b.alone();
+        self.detached(buf.py(), |comm| comm.broadcast(bytes, root))
     }
 
-    /// Sends block j of the input to rank j; block i of the output comes from rank i.
-    fn _alltoall(
-        &mut self,
-        py: Python<'_>,
-        inp: (usize, usize),
-        out: (usize, usize),
-    ) -> PyResult<()> {
-        let (i, o) = (Raw::new(inp.0, inp.1)?, Raw::new(out.0, out.1)?);
-        // SAFETY: both buffers are held for the call.
-        self.detached(py, |comm| {
-            comm.alltoall(unsafe { i.slice() }, unsafe { o.slice_mut() })
-        })
+    /// Sends block j of `inp` to rank j; block i of `out` comes from rank i. They must not
+    /// overlap.
+    fn _alltoall(&mut self, inp: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (i, mut o) = (Input::of(inp)?, Output::of(out)?);
+        let (i, o) = in_out(&i, &mut o)?;
+        self.detached(inp.py(), |comm| comm.alltoall(i, o))
     }
 
-    /// Sends the bytes to rank `peer`.
-    fn _send(&mut self, py: Python<'_>, ptr: usize, len: usize, peer: usize) -> PyResult<()> {
-        let raw = Raw::new(ptr, len)?;
-        // SAFETY: the buffer is held for the call.
-        self.detached(py, |comm| comm.send(unsafe { raw.slice() }, peer))
+    /// Sends `buf`'s bytes to rank `peer`.
+    fn _send(&mut self, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
+        let b = Input::of(buf)?;
+        let bytes = b.bytes();
+        self.detached(buf.py(), |comm| comm.send(bytes, peer))
     }
 
-    /// Receives into the bytes what rank `peer` sends.
-    fn _recv(&mut self, py: Python<'_>, ptr: usize, len: usize, peer: usize) -> PyResult<()> {
-        let raw = Raw::new(ptr, len)?;
-        // SAFETY: the buffer is held for the call.
-        self.detached(py, |comm| comm.recv(unsafe { raw.slice_mut() }, peer))
+    /// Receives into `buf` what rank `peer` sends.
+    fn _recv(&mut self, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
+        let mut b = Output::of(buf)?;
+        let bytes = b.alone();
+        self.detached(buf.py(), |comm| comm.recv(bytes, peer))
     }
 
     /// Waits until every rank called it.

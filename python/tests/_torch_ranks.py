@@ -86,3 +86,181 @@ def collectives(rank, size, port, results):
     except Exception as err:
         bad.append(f"{type(err).__name__}: {err}")
     results.put((rank, bad))
+
+
+SENTINEL = -7
+
+
+def _column(v):
+    """``v`` (1-D) as column 1 of an (n, 3) tensor; the other columns hold SENTINEL."""
+    import torch
+
+    base = torch.full((v.numel(), 3), SENTINEL, dtype=v.dtype)
+    base[:, 1] = v
+    return base[:, 1], base
+
+
+def _step(v):
+    """``v`` as every second element from 1 of a (2n + 1)-element tensor."""
+    import torch
+
+    base = torch.full((2 * v.numel() + 1,), SENTINEL, dtype=v.dtype)
+    base[1::2] = v
+    return base[1::2], base
+
+
+def _transpose(v):
+    """``v`` (even length) as the transpose of an (n / 2, 2) tensor: a (2, n / 2) view whose
+    logical (row-major) order is ``v``'s."""
+    import torch
+
+    base = torch.full((v.numel() // 2, 2), SENTINEL, dtype=v.dtype)
+    t = base.t()
+    t.copy_(v.reshape(t.shape))
+    return t, base
+
+
+LAYOUTS = {"column": _column, "step": _step, "transpose": _transpose}
+
+
+def strided(rank, size, port, results):
+    """Every operation of the backend on non-contiguous tensors (column slices, step slices,
+    transposes) as inputs and outputs, checked against what the operation must produce; the
+    bytes around each view (its base's other elements) must be untouched."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    import ferroce.torch  # noqa: F401
+
+    bad = []
+
+    def vec(seed, n, dtype=torch.float32):
+        return ((torch.arange(n) * 7 + seed * 13) % 23 + 1).to(dtype)
+
+    def check(what, view, base, want, layout):
+        # The view holds ``want`` in logical order, and its base is exactly the layout of
+        # ``want`` (so nothing beside the view was written).
+        if view.is_contiguous() and view.numel() > 1:
+            bad.append(f"{what}: the {layout} view is contiguous, the test proves nothing")
+        if not torch.equal(view.reshape(-1), want.reshape(-1)):
+            bad.append(f"{what} ({layout}): values {view.reshape(-1)[:6].tolist()} ... "
+                       f"want {want.reshape(-1)[:6].tolist()} ...")
+        if not torch.equal(base, LAYOUTS[layout](want.reshape(-1))[1]):
+            bad.append(f"{what} ({layout}): bytes beside the view changed")
+
+    try:
+        dist.init_process_group("ferroce", rank=rank, world_size=size)
+        n = 1000
+        for name, lay in LAYOUTS.items():
+            for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                t, base = lay(vec(rank, n, dtype))
+                dist.all_reduce(t)
+                check(f"all_reduce {dtype}", t, base, sum(vec(r, n, dtype) for r in range(size)),
+                      name)
+            t, base = lay(vec(rank, n))
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            check("all_reduce max", t, base,
+                  torch.stack([vec(r, n) for r in range(size)]).max(0).values, name)
+
+            src = size - 1
+            t, base = lay(vec(rank, n))
+            dist.broadcast(t, src=src)
+            check("broadcast", t, base, vec(src, n), name)
+
+            inp, ibase = lay(vec(rank, n))
+            outs = [lay(torch.zeros(n)) for _ in range(size)]
+            dist.all_gather([o for o, _ in outs], inp)
+            for r, (o, obase) in enumerate(outs):
+                check(f"all_gather block {r}", o, obase, vec(r, n), name)
+            check("all_gather input", inp, ibase, vec(rank, n), name)
+
+            inp, ibase = lay(vec(rank, n))
+            out, obase = lay(torch.zeros(size * n))
+            dist.all_gather_into_tensor(out, inp)
+            check("all_gather_into_tensor", out, obase,
+                  torch.cat([vec(r, n) for r in range(size)]), name)
+            check("all_gather_into_tensor input", inp, ibase, vec(rank, n), name)
+
+            # In place: the input is this rank's block of the output (a view of its memory),
+            # for the 1-D layouts, where that block is a slice of the view.
+            out, obase = lay(torch.zeros(size * n))
+            if out.dim() == 1:
+                mine = out[rank * n:(rank + 1) * n]
+                mine.copy_(vec(rank, n))
+                dist.all_gather_into_tensor(out, mine)
+                check("all_gather_into_tensor in place", out, obase,
+                      torch.cat([vec(r, n) for r in range(size)]), name)
+
+            ins = [lay(vec(rank * size + b, n)) for b in range(size)]
+            out, obase = lay(torch.zeros(n))
+            dist.reduce_scatter(out, [i for i, _ in ins])
+            check("reduce_scatter", out, obase,
+                  sum(vec(r * size + rank, n) for r in range(size)), name)
+
+            inp, ibase = lay(torch.cat([vec(rank * size + b, n) for b in range(size)]))
+            out, obase = lay(torch.zeros(n))
+            dist.reduce_scatter_tensor(out, inp)
+            check("reduce_scatter_tensor", out, obase,
+                  sum(vec(r * size + rank, n) for r in range(size)), name)
+
+            inp, ibase = lay(torch.cat([vec(10 * rank + j, n) for j in range(size)]))
+            out, obase = lay(torch.zeros(size * n))
+            dist.all_to_all_single(out, inp)
+            check("all_to_all_single", out, obase,
+                  torch.cat([vec(10 * i + rank, n) for i in range(size)]), name)
+            check("all_to_all_single input", inp, ibase,
+                  torch.cat([vec(10 * rank + j, n) for j in range(size)]), name)
+
+            ins = [lay(vec(10 * rank + j, n)) for j in range(size)]
+            outs = [lay(torch.zeros(n)) for _ in range(size)]
+            dist.all_to_all([o for o, _ in outs], [i for i, _ in ins])
+            for i, (o, obase) in enumerate(outs):
+                check(f"all_to_all from {i}", o, obase, vec(10 * i + rank, n), name)
+
+            # Every ordered pair, in one global order every rank walks (no deadlock).
+            for s in range(size):
+                for d in range(size):
+                    if s == d:
+                        continue
+                    if rank == s:
+                        t, base = lay(vec(100 + 10 * s + d, n))
+                        dist.send(t, d)
+                        check(f"send {s}->{d} input", t, base, vec(100 + 10 * s + d, n), name)
+                    elif rank == d:
+                        t, base = lay(torch.zeros(n))
+                        dist.recv(t, s)
+                        check(f"recv {s}->{d}", t, base, vec(100 + 10 * s + d, n), name)
+            dist.barrier()
+        # In place on contiguous tensors: the input is this rank's block of the output, or
+        # the output this rank's block of the input (the extension refuses overlap, so the
+        # backend must copy the input first).
+        out = torch.zeros(size * n)
+        out[rank * n:(rank + 1) * n] = vec(rank, n)
+        dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+        if not torch.equal(out, torch.cat([vec(r, n) for r in range(size)])):
+            bad.append("all_gather_into_tensor in place (contiguous)")
+        inp = torch.cat([vec(rank * size + b, n) for b in range(size)])
+        dist.reduce_scatter_tensor(inp[rank * n:(rank + 1) * n], inp)
+        if not torch.equal(inp[rank * n:(rank + 1) * n],
+                           sum(vec(r * size + rank, n) for r in range(size))):
+            bad.append("reduce_scatter_tensor in place (contiguous)")
+        buf = torch.cat([vec(10 * rank + j, n) for j in range(size)])
+        dist.all_to_all_single(buf, buf)
+        if not torch.equal(buf, torch.cat([vec(10 * i + rank, n) for i in range(size)])):
+            bad.append("all_to_all_single in place (contiguous)")
+        # A tensor that requires grad (a parameter, say) is sent as its values.
+        if rank == 0:
+            dist.send(vec(5, n).requires_grad_()[1::3], 1)
+        elif rank == 1:
+            got = torch.zeros(len(range(1, n, 3)))
+            dist.recv(got, 0)
+            if not torch.equal(got, vec(5, n)[1::3]):
+                bad.append("send of a tensor that requires grad")
+        dist.destroy_process_group()
+    except Exception as err:
+        import traceback
+
+        bad.append(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+    results.put((rank, bad))

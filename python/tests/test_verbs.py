@@ -112,3 +112,30 @@ def test_bad_arguments_raise_verbs_errors():
         qp.post_send(ferroce.SendWR(1, 99))
     with pytest.raises(ferroce.VerbsError):
         qp.to_rtr(b"not an endpoint")
+
+
+@pytest.mark.parametrize("sge", ["wild", "past the end", "wrong key"])
+def test_an_sge_outside_its_region_completes_with_a_protection_error(sge):
+    """A scatter/gather element's address is checked against the region its lkey names, not
+    trusted: a wild address, one running past the region's end, or another key completes with
+    IBV_WC_LOC_PROT_ERR, and the target's region is unchanged."""
+    ctx = ferroce.Context("lo", provider="udp")
+    pd = ferroce.PD(ctx)
+    cq = ferroce.CQ(ctx)
+    mr = ferroce.MR(pd, 4096)
+    dst = ferroce.MR(pd, 4096)
+    a, b = ferroce.QP(pd, cq), ferroce.QP(pd, cq)
+    ea, eb = a.endpoint(mr), b.endpoint(dst)
+    a.connect(eb)
+    b.connect(ea)
+    mr.write(b"\xab" * 4096)
+    addr, length, lkey = {
+        "wild": (0xDEAD0000, 64, mr.lkey),
+        "past the end": (mr.addr + 4000, 200, mr.lkey),
+        "wrong key": (mr.addr, 64, mr.lkey ^ 0x5A5A00),
+    }[sge]
+    a.post_send(ferroce.SendWR(1, e.IBV_WR_RDMA_WRITE, [ferroce.SGE(addr, length, lkey)],
+                               dst.addr, dst.rkey))
+    wc = one(cq)
+    assert (wc.wr_id, wc.status) == (1, e.IBV_WC_LOC_PROT_ERR), wc
+    assert dst.read(4096) == bytes(4096)
