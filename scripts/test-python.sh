@@ -5,7 +5,8 @@
 # torch comes from the registry: its Linux wheel pulls CUDA libraries, about 4 GB installed. On
 # this kind of machine `pip install torch` took 73 s (measured 2026-11-25), so the test command
 # installs it; it stays installed, so later runs on one machine skip the download. Set
-# FERROCE_SKIP_TORCH=1 to leave torch out (its tests then report as skipped).
+# FERROCE_SKIP_TORCH=1 to leave torch out (its tests then report as skipped; under CI=true,
+# where a missing prerequisite fails the run, they fail).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -23,4 +24,4 @@ fi
 # The extension builds into the workspace's target folder, beside the crates it uses.
 CARGO_TARGET_DIR="$PWD/target/python" python3 -m pip install -q --root-user-action=ignore ./python
 # From the repository root: python/ itself would shadow the installed package.
-python3 -m pytest -q python/tests
+python3 -m pytest -q -rs python/tests
