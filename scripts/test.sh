@@ -51,6 +51,7 @@ cargo test --workspace --doc
 echo "== python package (pip install ./python, pytest)"
 scripts/test-python.sh
 echo "== live interop with Linux rxe (QEMU guest; set-up on first run)"
+./interop/run-live.sh --self-check
 ./interop/run-live.sh
 echo "== fuzz (bounded)"
 ./scripts/fuzz.sh "${FERROCE_FUZZ_SECONDS:-20}"
