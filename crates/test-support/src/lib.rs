@@ -33,12 +33,14 @@ pub fn is_root() -> bool {
 /// it; elsewhere it prints `<test>: skipped: needs <what> (<how>)` and returns false, and the
 /// test returns.
 #[must_use]
+#[track_caller]
 pub fn require(present: bool, test: &str, what: &str, how: &str) -> bool {
     decide(present, in_ci(), test, what, how)
 }
 
 /// [`require`] for root: `why` says what the test does with it ("network namespaces").
 #[must_use]
+#[track_caller]
 pub fn require_root(test: &str, why: &str) -> bool {
     require(
         is_root(),
@@ -48,6 +50,8 @@ pub fn require_root(test: &str, why: &str) -> bool {
     )
 }
 
+// Callers are tracked through to the panic, so that it points at the test, not at this file.
+#[track_caller]
 fn decide(present: bool, ci: bool, test: &str, what: &str, how: &str) -> bool {
     if present {
         return true;
