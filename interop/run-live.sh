@@ -5,11 +5,16 @@
 #
 #   interop/run-live.sh              # set-up if needed, then every live test; exit 1 on a failure
 #   KEEP_OUT=1 interop/run-live.sh   # keep the captures and logs (printed at the end)
+#   interop/run-live.sh --self-check # checks the summary's rule on made-up results (no root)
 #
 # Set-up (root, Debian 12): installs qemu-system-x86, debootstrap and friends, builds the guest
 # image once into $WORK (default /var/tmp/ferroce-interop; later runs reuse it), and builds
 # ferroce in release mode. Without root, or on a machine whose kernel cannot create network
-# namespaces or tap devices, it prints one "skipped" line and exits 0.
+# namespaces or tap devices, it prints one "skipped" line and exits 0; under CI (CI=true or
+# CI=1) it fails instead, naming what is missing: there the suite must run.
+#
+# A check that fails is tried once more (see `check`); the summary counts the checks that passed
+# only on their second try, and more than MAX_SECOND_TRIES of them fail the run.
 #
 # What it checks, each with the real tools in the guest as the independent peer (ferroce in
 # both roles every time):
@@ -38,14 +43,80 @@ ROOT=$(cd "$HERE/.." && pwd)
 export WORK=${WORK:-/var/tmp/ferroce-interop}
 export FERROCE=${FERROCE:-$ROOT/target/release/ferroce}
 
+# A second try covers a rare stall of the guests' rxe (see `check`); more than this many checks
+# passing only on their second try is no longer rare, and fails the run.
+MAX_SECOND_TRIES=2
+
+# cannot_run REASON: this machine lacks what the suite needs. A skip (exit 0) on a developer's
+# machine; under CI, where scripts/test.sh runs this as root on a machine that has it all, a
+# failure (exit 1), so that a run which checked nothing never reports green.
+cannot_run() {
+  case "${CI:-}" in
+    [Tt][Rr][Uu][Ee] | 1)
+      echo "interop: FAILED: cannot run: $1; under CI (CI=true) that is a failure, not a skip" >&2
+      exit 1 ;;
+  esac
+  echo "interop: skipped ($1)"; exit 0
+}
+
+# summarize EXPECTED SECONDS: the run's last line from pass, failed and retried (set by
+# `check`); returns 1 when a check failed, when fewer or more than EXPECTED checks ran (bash
+# dropped one: a syntax error in its arithmetic, say), or when more than MAX_SECOND_TRIES
+# passed only on their second try.
+summarize() {
+  local expected=$1 secs=$2 ok=0
+  local again="${#retried[@]} of them only on a second try"
+  [ ${#retried[@]} -gt 0 ] && again+=": ${retried[*]}"
+  echo "interop: ${#failed[@]} failed, $pass passed ($again) in $secs s (guests under TCG)"
+  [ ${#failed[@]} -eq 0 ] || ok=1
+  if [ $((pass + ${#failed[@]})) -ne "$expected" ]; then
+    echo "interop: FAILED: $((pass + ${#failed[@]})) checks ran, $expected expected"; ok=1
+  fi
+  if [ ${#retried[@]} -gt $MAX_SECOND_TRIES ]; then
+    echo "interop: FAILED: ${#retried[@]} checks passed only on a second try," \
+      "more than $MAX_SECOND_TRIES"
+    ok=1
+  fi
+  return $ok
+}
+
+# self_check: summarize on made-up results, each with the status and line it must give.
+self_check() {
+  local bad=0
+  # expect STATUS PATTERN PASSED FAILED RETRIED: summarize over 10 expected checks.
+  expect() {
+    local out rc
+    out=$(pass=$3; failed=(); retried=()
+          local i; for ((i = 0; i < $4; i++)); do failed+=("f$i"); done
+          for ((i = 0; i < $5; i++)); do retried+=("r$i"); done
+          summarize 10 0.1); rc=$?
+    if [ $rc -ne "$1" ] || ! grep -qE -- "$2" <<< "$out"; then
+      echo "self-check FAILED: passed $3, failed $4, second tries $5: status $rc (want $1), output:"
+      sed 's/^/    /' <<< "$out"; bad=1
+    fi
+  }
+  expect 0 '^interop: 0 failed, 10 passed \(0 of them only on a second try\) in 0.1 s' 10 0 0
+  expect 0 '\(1 of them only on a second try: r0\)' 10 0 1
+  expect 0 '\(2 of them only on a second try: r0 r1\)' 10 0 2
+  expect 1 'FAILED: 3 checks passed only on a second try, more than 2' 10 0 3
+  expect 1 '^interop: 1 failed, 9 passed' 9 1 0
+  expect 1 'FAILED: 9 checks ran, 10 expected' 9 0 0
+  expect 1 'FAILED: 11 checks ran, 10 expected' 11 0 0
+  [ $bad -eq 0 ] && echo "interop: self-check: the summary's rule holds on 7 made-up runs"
+  return $bad
+}
+
+if [ "${1:-}" = --self-check ]; then self_check; exit; fi
+
 if [ "${1:-}" != --inside ]; then
-  if [ "$(id -u)" -ne 0 ]; then echo "interop: skipped (needs root for namespaces and taps)"; exit 0; fi
+  [ "$(id -u)" -eq 0 ] ||
+    cannot_run "needs root for namespaces and taps (run scripts/test.sh as root, as CI does)"
   if ! ip netns add ferroce-probe-$$ 2>/dev/null; then
-    echo "interop: skipped (this kernel cannot create network namespaces)"; exit 0
+    cannot_run "this kernel cannot create network namespaces"
   fi
   if ! ip -n ferroce-probe-$$ tuntap add dev tap-probe mode tap 2>/dev/null; then
     ip netns del ferroce-probe-$$
-    echo "interop: skipped (no tap devices here: /dev/net/tun)"; exit 0
+    cannot_run "no tap devices here: /dev/net/tun"
   fi
   ip netns del ferroce-probe-$$
   need=()
@@ -98,7 +169,9 @@ counters_rxe > "$OUT/rxe_before.txt"
 # reported as passing on its second try: the kernel rxe of these guests sometimes stops sending
 # in the middle of a message for good (seen once in ~60 runs of a 64 KiB ibv_rc_pingpong: rxe's
 # SEND stopped after 60 of its 64 packets, every one of them acknowledged by ferroce, and nothing
-# more left the guest), which no peer can recover from. Both tries' logs are kept.
+# more left the guest), which no peer can recover from. Both tries' logs are kept. The summary
+# counts these second tries; more than MAX_SECOND_TRIES fail the run, since a stall that rare
+# does not explain them (a flaky ferroce would).
 retried=()
 check() {
   local name=$1; shift
@@ -407,9 +480,4 @@ if rb and fb: print(f"  64 KiB WRITE bandwidth:     rxe<->rxe {rb:.2f} MB/s, fer
 PY
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-echo "interop: ${#failed[@]} failed, $pass passed (${#retried[@]} on a second try) in $secs s (guests under TCG)"
-# A check that bash dropped (a syntax error in its arithmetic, say) is a failure too.
-EXPECTED_CHECKS=53
-[ $((pass + ${#failed[@]})) -eq $EXPECTED_CHECKS ] ||
-  { echo "interop: $((pass + ${#failed[@]})) checks ran, $EXPECTED_CHECKS expected"; exit 1; }
-[ ${#failed[@]} -eq 0 ]
+summarize 53 "$secs"

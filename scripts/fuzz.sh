@@ -7,7 +7,7 @@
 #
 # Needs only the stable toolchain. Without a sanitizer cargo-fuzz passes no unstable rustc flag
 # (checked: it builds on stable as it is); RUSTC_BOOTSTRAP=1 is set anyway so that a run with
-# `--sanitizer address` (-Zsanitizer) works too. cargo-fuzz is installed from crates.io if
+# `--sanitizer address` (-Zsanitizer) works too. cargo-fuzz is installed from the registry if
 # missing (about 25 s on this 2-core machine with an empty cargo registry).
 #
 # Built without a sanitizer (`-s none`) but with debug assertions and overflow checks (`-a`):

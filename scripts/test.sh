@@ -4,8 +4,8 @@
 # ethtool for the network-namespace tests; python3 for scripts/verify_icrc.py, an independent ICRC
 # checker; rdma-core's headers, tools and perftest for the drop-in libibverbs; cargo-fuzz, by
 # scripts/fuzz.sh), then runs formatting, lint, every test of the workspace, the Python
-# package's tests (scripts/test-python.sh: maturin, pytest, numpy and torch from PyPI), and every
-# fuzz target for a bounded time.
+# package's tests (scripts/test-python.sh: maturin, pytest, numpy and torch from the registry),
+# and every fuzz target for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,6 +51,7 @@ cargo test --workspace --doc
 echo "== python package (pip install ./python, pytest)"
 scripts/test-python.sh
 echo "== live interop with Linux rxe (QEMU guest; set-up on first run)"
+./interop/run-live.sh --self-check
 ./interop/run-live.sh
 echo "== fuzz (bounded)"
 ./scripts/fuzz.sh "${FERROCE_FUZZ_SECONDS:-20}"

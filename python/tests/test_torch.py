@@ -1,18 +1,17 @@
 """The torch.distributed backend: collectives through torch's API on "ferroce", and
 DistributedDataParallel training the same model from the same seed on "ferroce" and on "gloo"
-with 2 ranks, whose weights must agree after every step. Skipped when torch is not installed
-(see python/README.md)."""
+with 2 ranks, whose weights must agree after every step. Skipped when torch is not installed,
+except under CI, where that fails (_prereq.py; scripts/test-python.sh installs torch)."""
 
 import multiprocessing as mp
 import os
 import socket
 import sys
 
-import pytest
-
-torch = pytest.importorskip("torch")
-
 sys.path.insert(0, os.path.dirname(__file__))
+from _prereq import require_module  # noqa: E402
+
+torch = require_module("torch", "scripts/test-python.sh installs it unless FERROCE_SKIP_TORCH=1")
 import _torch_ranks  # noqa: E402
 
 

@@ -208,9 +208,10 @@ impl Drop for Hosts {
 /// two over UDP.
 #[test]
 fn four_ranks_on_two_namespace_hosts() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("four_ranks_on_two_namespace_hosts: skipped: needs root for network namespaces");
+    if !ferroce_test_support::require_root(
+        "four_ranks_on_two_namespace_hosts",
+        "network namespaces",
+    ) {
         return;
     }
     let names = ["a", "b"].map(|h| format!("ferroce-coll-{}-{h}", std::process::id()));
@@ -291,11 +292,19 @@ fn four_ranks_on_two_namespace_hosts() {
 /// and the rendezvous from `-x MASTER_ADDR -x MASTER_PORT`.
 #[test]
 fn launched_by_mpirun_with_open_mpis_rank_variables() {
-    let Ok(probe) = Command::new("mpirun.openmpi").arg("--version").output() else {
-        println!("launched_by_mpirun: skipped: no mpirun.openmpi (scripts/test.sh installs it)");
+    let probe = Command::new("mpirun.openmpi").arg("--version").output();
+    if !ferroce_test_support::require(
+        probe.is_ok(),
+        "launched_by_mpirun",
+        "mpirun.openmpi",
+        "scripts/test.sh installs openmpi-bin",
+    ) {
         return;
-    };
-    assert!(probe.status.success());
+    }
+    assert!(
+        probe.unwrap().status.success(),
+        "mpirun.openmpi --version failed"
+    );
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

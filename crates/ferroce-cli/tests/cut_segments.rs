@@ -9,8 +9,9 @@
 //! show the numbered Identifications (segments were really cut), and the receiver must have
 //! refused nothing and accepted the numbered ones by solving for their Identification.
 //!
-//! Needs root (namespaces, ethtool); without it the test prints one "skipped" line and passes.
-//! With root, a missing tool is a failure (`scripts/test.sh` installs them).
+//! Needs root (namespaces, ethtool); without it the test prints one "skipped" line and passes,
+//! except under CI (`CI=true`), where it fails (`ferroce_test_support::require`). With root, a
+//! missing tool is a failure (`scripts/test.sh` installs them).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -124,10 +125,10 @@ fn counter(text: &str, name: &str) -> u64 {
 
 #[test]
 fn gso_segments_cut_on_a_veth_link_all_verify() {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")));
-    if !root {
-        println!("skipped: needs root for network namespaces");
+    if !ferroce_test_support::require_root(
+        "gso_segments_cut_on_a_veth_link_all_verify",
+        "network namespaces and ethtool",
+    ) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ferroce-cut-{}", std::process::id()));

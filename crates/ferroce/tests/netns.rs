@@ -16,8 +16,9 @@
 //! - `peer_killed_mid_transfer`: a host streaming to and from two peers loses one to SIGKILL; its
 //!   QP to the dead peer fails with retry-exceeded within the retry budget, the other keeps going.
 //!
-//! Needs root (network namespaces); without it the test prints one "skipped" line and passes.
-//! With root, failing to create a namespace is a failure, not a skip. Every name includes this
+//! Needs root (network namespaces); without it the test prints one "skipped" line and passes,
+//! except under CI (`CI=true`), where it fails (`ferroce_test_support::require`). With root,
+//! failing to create a namespace is a failure, not a skip. Every name includes this
 //! process's id so concurrent runs do not collide, every wait is bounded, and a guard removes
 //! the namespaces and kills the peers whatever happens. Set `FERROCE_NETNS_VERBOSE=1` to see the
 //! peers' output as it comes, and `FERROCE_NETNS_PCAP=<dir>` to have every peer write its
@@ -141,9 +142,7 @@ fn orchestrate(args: &[String]) -> ExitCode {
         println!("netns: 0 of {} scenarios match the filter", SCENARIOS.len());
         return ExitCode::SUCCESS;
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("netns: skipped: needs root for network namespaces");
+    if !ferroce_test_support::require_root("netns", "network namespaces") {
         return ExitCode::SUCCESS;
     }
     let ip = match Ip::find() {
