@@ -763,21 +763,12 @@ fn child_liar() {
 
 // ---- scenario 3: another uid ---------------------------------------------------------------
 
-/// Needs root (to run the other side as `nobody`); under CI it must not be left out.
-fn require_root(what: &str) -> bool {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    let ci = matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"));
-    assert!(!ci, "{what} needs root (CI runs the suite as root)");
-    eprintln!("{what}: not run: needs root");
-    false
-}
-
 #[test]
 fn a_peer_of_another_uid_never_links_and_still_works_over_udp() {
-    if !require_root("a_peer_of_another_uid_never_links") {
+    if !ferroce_test_support::require_root(
+        "a_peer_of_another_uid_never_links",
+        "to run its peer as nobody",
+    ) {
         return;
     }
     // The child runs as nobody: it needs a copy of this binary it may execute.
