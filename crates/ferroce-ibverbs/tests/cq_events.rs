@@ -6,12 +6,18 @@
 //! arm and take events; `ibv_destroy_cq` waits until every event handed out for the CQ was
 //! acknowledged, so a CQ an event named stays valid until its acknowledgement.
 //!
-//! Under ThreadSanitizer (a nightly toolchain; std itself is not instrumented):
+//! Under ThreadSanitizer (the installed nightly toolchain; no `-Zbuild-std`, so std itself is
+//! not instrumented):
 //! ```text
 //! RUSTFLAGS="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer" \
 //!   CARGO_TARGET_DIR=target-tsan cargo +nightly test --target x86_64-unknown-linux-gnu \
-//!   -p ferroce-ibverbs --test cq_events
+//!   -p ferroce-ibverbs --test cq_events -- --test-threads=1
 //! ```
+//! TSan then cannot see the ordering std's `Mutex`, `Condvar`, `Arc` (a fence), thread join and
+//! `mpsc` give, and reports every access they order (the tests still pass under it). Read its
+//! reports by their two sites: one whose accesses are both under the same std lock, or ordered
+//! by a join or an `Arc`'s last drop, is that blind spot. Before the fix it also reported, with
+//! nothing between them, `ibv_destroy_cq` freeing the CQ against a getter reading it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
