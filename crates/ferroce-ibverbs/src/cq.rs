@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 
 use ferroce_proto::{WcOpcode, WcStatus, WorkCompletion};
 
@@ -26,6 +26,29 @@ pub(crate) struct Cq {
     channel: *mut Channel,
     /// What a UD receive's `sl` says of the datagram's L3 header (see [`to_ibv_wc`]).
     ud_l3_type: u8,
+    /// The completion events handed out for this CQ and those acknowledged, which
+    /// `ibv_destroy_cq` waits to see equal. In an `Arc` so that `ibv_ack_cq_events` can let go of
+    /// the lock after the CQ is gone (see there).
+    events: Arc<Events>,
+}
+
+/// What [`Cq::events`] counts: rdma-core keeps the same in `ibv_cq`'s `mutex`, `cond` and
+/// `comp_events_completed`. Those fields are left untouched here: every entry point holds a
+/// shared `&Cq`, which covers `c`, so writing a field of it while another thread polls would
+/// be a data race; the count lives in Rust's own lock instead.
+#[derive(Debug, Default)]
+struct Events {
+    count: Mutex<EventCount>,
+    /// Signalled at each acknowledgement, for a destroy that waits.
+    acked_cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct EventCount {
+    /// Events `ibv_get_cq_event` returned for the CQ.
+    reported: u64,
+    /// Events the program acknowledged with `ibv_ack_cq_events`.
+    acked: u64,
 }
 
 impl Cq {
@@ -139,6 +162,7 @@ unsafe extern "C" fn ibv_create_cq(
             } else {
                 L3_IPV6
             },
+            events: Arc::default(),
         }));
         if let Some(h) = ch_ref {
             h.cqs
@@ -150,15 +174,23 @@ unsafe extern "C" fn ibv_create_cq(
     })
 }
 
-/// `ibv_destroy_cq`.
+/// `ibv_destroy_cq`: as rdma-core's, waits until every completion event
+/// `ibv_get_cq_event` returned for the CQ was acknowledged (a program that never acknowledges
+/// one blocks here, as it would on rdma-core). Events the CQ raised that no one took yet are
+/// dropped, as the kernel drops them.
 #[no_mangle]
 unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> libc::c_int {
     guard(libc::EFAULT, || {
-        if cq.is_null() {
+        let p = cq.cast::<Cq>();
+        // SAFETY: per the API, a CQ from ibv_create_cq, not yet destroyed. Only a shared
+        // reference while other threads may still hold one (a getter finishing with its event,
+        // an acknowledger); the box is freed below, after they are done.
+        let Some(q) = (unsafe { p.as_ref() }) else {
             return libc::EINVAL;
-        }
-        // SAFETY: per the API, a CQ from ibv_create_cq, destroyed once.
-        let q = unsafe { Box::from_raw(cq.cast::<Cq>()) };
+        };
+        // First out of the channel's table, under its lock: from then on `ibv_get_cq_event`
+        // cannot hand the CQ out, and any getter that found it there has already counted its
+        // event (it counts before letting go of the table's lock).
         // SAFETY: a channel outlives its CQs (its destroy refuses while any is left).
         if let Some(h) = unsafe { q.channel.as_ref() } {
             h.cqs
@@ -166,6 +198,17 @@ unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> libc::c_int {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&q.inner.event_id());
         }
+        // Then wait for every event handed out to be acknowledged: until then the program may
+        // still use the CQ it got from the event (rdma-core's one-to-one rule).
+        let events = &q.events;
+        let mut n = events.count.lock().unwrap_or_else(|e| e.into_inner());
+        while n.acked < n.reported {
+            n = events.acked_cv.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(n);
+        // SAFETY: out of the channel's table and every event acknowledged, so no other thread
+        // of a correct program holds the CQ now; destroyed once, per the API.
+        drop(unsafe { Box::from_raw(p) });
         0
     })
 }
@@ -199,23 +242,29 @@ unsafe extern "C" fn ibv_get_cq_event(
         loop {
             match ch.inner.try_next_event() {
                 Ok(Some(id)) => {
-                    let found = ch
-                        .cqs
+                    let table = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());
+                    // A CQ destroyed after it fired leaves an event no one can take.
+                    let Some(&addr) = table.get(&id) else {
+                        continue;
+                    };
+                    // SAFETY: the CQ is in the channel's table, so not freed: `ibv_destroy_cq`
+                    // takes it out under this lock before anything else, and then waits for
+                    // the event counted here to be acknowledged before it frees the CQ.
+                    let q = unsafe { &*(addr as *const Cq) };
+                    q.events
+                        .count
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .get(&id)
-                        .copied();
-                    // A CQ destroyed after it fired leaves an event no one can take.
-                    let Some(addr) = found else { continue };
-                    let q = addr as *mut Cq;
-                    // SAFETY: the CQ is alive (it is in the channel's table) and the output
-                    // pointers are the caller's.
+                        .reported += 1;
+                    let context = q.c.cq_context;
+                    drop(table);
+                    // SAFETY: the output pointers are the caller's (NULL ones are skipped).
                     unsafe {
                         if !cq.is_null() {
-                            *cq = q.cast();
+                            *cq = addr as *mut ibv_cq;
                         }
                         if !cq_context.is_null() {
-                            *cq_context = (*q).c.cq_context;
+                            *cq_context = context;
                         }
                     }
                     return 0;
@@ -245,13 +294,25 @@ unsafe extern "C" fn ibv_get_cq_event(
     })
 }
 
-/// `ibv_ack_cq_events`.
+/// `ibv_ack_cq_events`: counts `nevents` events acknowledged, under the CQ's lock, and wakes
+/// a destroy waiting for them (as rdma-core). Safe to call from any thread while others poll,
+/// arm or take events.
 #[no_mangle]
 unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: libc::c_uint) {
-    // SAFETY: per the API.
-    if let Some(q) = unsafe { cq.as_mut() } {
-        q.comp_events_completed = q.comp_events_completed.wrapping_add(nevents);
-    }
+    guard((), || {
+        // SAFETY: per the API, a live CQ: it has unacknowledged events (these), so a destroy
+        // waits for this call before it frees the CQ.
+        let Some(q) = (unsafe { Cq::from_c(cq) }) else {
+            return;
+        };
+        // Our own reference to the counter: once `acked` is raised a waiting destroy may free
+        // the CQ, while this thread is still releasing the lock and signalling; the `Arc` keeps
+        // the mutex and condvar alive until then. `q` is not used after this line.
+        let events = Arc::clone(&q.events);
+        let mut n = events.count.lock().unwrap_or_else(|e| e.into_inner());
+        n.acked = n.acked.saturating_add(u64::from(nevents));
+        events.acked_cv.notify_all();
+    })
 }
 
 /// `ctx->ops.req_notify_cq`.

@@ -13,6 +13,7 @@
 //! already assumed, taking its data out of any poison error).
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -51,7 +52,10 @@ impl<T> SpinLock<T> {
         {
             self.lock_contended();
         }
-        SpinGuard { lock: self }
+        SpinGuard {
+            lock: self,
+            access: PhantomData,
+        }
     }
 
     #[cold]
@@ -89,8 +93,21 @@ impl<T: std::fmt::Debug> std::fmt::Debug for SpinLock<T> {
 }
 
 /// Access to a [`SpinLock`]'s value; dropping it releases the lock.
+///
+/// Which threads may hold or share a guard is decided by its fields, with no `unsafe impl`:
+/// - `lock` alone is `Send` and `Sync` for any `T: Send` (the lock's own impls), and would give
+///   the guard those too. That is too much for `Sync`: a `&SpinGuard` shared with other threads
+///   hands each of them a `&T` at once through [`Deref`], so for `T: Send + !Sync` (a `Cell`, a
+///   `RefCell`) two threads could mutate the same value through shared references without
+///   synchronisation — a data race in safe code.
+/// - `access` says what the guard really is, exclusive access to the value: `&mut T` is `Sync`
+///   only for `T: Sync` and `Send` only for `T: Send`. So a guard is `Sync` iff `T: Send + Sync`
+///   (std's `MutexGuard` asks `T: Sync`), and `Send` iff `T: Send`. Sending a guard is sound
+///   here, unlike std's: releasing is a plain atomic store, which any thread may do, and moving
+///   the guard moves the exclusive access, which `T: Send` permits.
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
+    access: PhantomData<&'a mut T>,
 }
 
 impl<T> Deref for SpinGuard<'_, T> {
@@ -143,6 +160,29 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(*lock.lock(), 200_000);
+    }
+
+    /// Compiles only while `T` is not `Sync`: with a second, `Sync`-only impl in play, naming
+    /// the method is ambiguous and the build fails (the usual stable-Rust negative check).
+    trait AmbiguousIfSync<A> {
+        fn not_sync() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+    impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
+
+    fn is_send<T: Send>() {}
+    fn is_sync<T: Sync>() {}
+
+    #[test]
+    fn a_guard_is_shared_between_threads_only_when_its_value_may_be() {
+        // A guard's `Deref` gives every thread that shares `&guard` a `&T`: for a `Cell` that
+        // would be unsynchronised mutation from two threads. Before the guard's `access`
+        // marker this line did not compile (the guard was `Sync` for any `T: Send`).
+        let _ = <SpinGuard<'static, std::cell::Cell<u64>> as AmbiguousIfSync<_>>::not_sync;
+        // What stays allowed: sharing a guard of a `Sync` value, and handing a guard (exclusive
+        // access) to another thread for a `Send` one.
+        is_sync::<SpinGuard<'static, u64>>();
+        is_send::<SpinGuard<'static, std::cell::Cell<u64>>>();
     }
 
     #[test]

@@ -113,12 +113,18 @@ pub(crate) struct CqInner {
     overflowed: AtomicBool,
     armed: AtomicU8,
     channel: Option<Arc<ChannelInner>>,
+    /// See [`CompletionQueue::event_id`].
+    event_id: usize,
 }
+
+/// The next [`CompletionQueue::event_id`]: ids are never reused, so an event a destroyed CQ
+/// left in its channel can never be taken for a later CQ's (an address could be reused).
+static NEXT_EVENT_ID: AtomicUsize = AtomicUsize::new(1);
 
 impl CqInner {
     /// See [`CompletionQueue::event_id`].
     fn event_id(&self) -> usize {
-        self as *const CqInner as usize
+        self.event_id
     }
 
     /// Appends completions (the engine's side) and wakes an armed channel.
@@ -180,13 +186,14 @@ impl CompletionQueue {
                 overflowed: AtomicBool::new(false),
                 armed: AtomicU8::new(UNARMED),
                 channel: channel.map(|c| c.inner.clone()),
+                event_id: NEXT_EVENT_ID.fetch_add(1, Ordering::Relaxed),
             }),
             ctx,
         }
     }
 
-    /// What [`CompletionChannel::next_event`] returns when this CQ fires: a number no other
-    /// live CQ has.
+    /// What [`CompletionChannel::next_event`] returns when this CQ fires: a number no other CQ
+    /// of the process ever has, so an event left behind by a destroyed CQ names no live one.
     pub fn event_id(&self) -> usize {
         self.inner.event_id()
     }
