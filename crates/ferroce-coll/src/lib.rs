@@ -24,4 +24,4 @@ pub mod store;
 
 pub use comm::{CollError, CommOptions, Communicator};
 pub use reduce::{finish_avg, reduce_into, DataType, ReduceError, ReduceOp};
-pub use store::{RankInfo, Store, StoreError};
+pub use store::{RankInfo, RendezvousStats, Store, StoreError};
