@@ -21,6 +21,7 @@ mod comm;
 mod ops;
 mod reduce;
 pub mod store;
+mod words;
 
 pub use comm::{CollError, CommOptions, Communicator};
 pub use reduce::{finish_avg, reduce_into, DataType, ReduceError, ReduceOp};
