@@ -323,12 +323,15 @@ struct Pending {
     since: Instant,
 }
 
+/// Which of [`RendezvousStats`]' counters a connection turned away goes to.
+type Counter = fn(&mut RendezvousStats) -> &mut u64;
+
 /// What became of a pending connection after a read.
 enum Step {
     /// More bytes are due.
     Wait,
     /// Closed and counted under the reason (the counter to bump).
-    Drop(fn(&mut RendezvousStats) -> &mut u64),
+    Drop(Counter),
     /// A whole hello: rank, world size, token.
     Hello(usize, usize, Vec<u8>),
 }
@@ -496,31 +499,30 @@ impl Store {
                     }
                 };
                 let (mut p, rank, size, presented) = p;
-                let problem: Option<(fn(&mut RendezvousStats) -> &mut u64, String)> =
-                    if !same_token(want, &presented) {
-                        // Nothing else is said to a connection without the token.
-                        Some((|s| &mut s.bad_token, "the job token does not match".into()))
-                    } else if size != world_size {
-                        Some((
-                            |s| &mut s.wrong_world,
-                            format!(
-                                "rank {rank} says the world has {size} ranks, rank 0 says \
+                let problem: Option<(Counter, String)> = if !same_token(want, &presented) {
+                    // Nothing else is said to a connection without the token.
+                    Some((|s| &mut s.bad_token, "the job token does not match".into()))
+                } else if size != world_size {
+                    Some((
+                        |s| &mut s.wrong_world,
+                        format!(
+                            "rank {rank} says the world has {size} ranks, rank 0 says \
                                  {world_size}"
-                            ),
-                        ))
-                    } else if rank == 0 || rank >= world_size {
-                        Some((
-                            |s| &mut s.out_of_range,
-                            format!("rank {rank} is outside a world of {world_size}"),
-                        ))
-                    } else if slots[rank - 1].as_ref().is_some_and(alive) {
-                        Some((
-                            |s| &mut s.duplicate,
-                            format!("two processes claim rank {rank}"),
-                        ))
-                    } else {
-                        None
-                    };
+                        ),
+                    ))
+                } else if rank == 0 || rank >= world_size {
+                    Some((
+                        |s| &mut s.out_of_range,
+                        format!("rank {rank} is outside a world of {world_size}"),
+                    ))
+                } else if slots[rank - 1].as_ref().is_some_and(alive) {
+                    Some((
+                        |s| &mut s.duplicate,
+                        format!("two processes claim rank {rank}"),
+                    ))
+                } else {
+                    None
+                };
                 if let Some((counter, why)) = problem {
                     *counter(&mut stats) += 1;
                     // A rank of this job that is misconfigured learns why at once; the
