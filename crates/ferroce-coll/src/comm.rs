@@ -34,6 +34,31 @@
 //! arguments, fail with [`CollError::Mismatch`] at their first message instead of exchanging
 //! garbage.
 //!
+//! # Memory ordering
+//! Two kinds of word carry the protocol between processes: a slot's *header word* (the sender
+//! says "message `i` is in this slot") and a *credit word* (the receiver says "I consumed `c`
+//! of your messages: their slots are free"). Each is set by one rank and polled by one other,
+//! and its value only grows. Every access to one is a 64-bit atomic (`words.rs`); the bytes of
+//! the slots are plain copies, ordered by those atomics:
+//! - **A message.** The sender copies the bytes into the slot, then stores the header word
+//!   with release ordering. The receiver loads the header word with acquire ordering; once it
+//!   reads `(i + 1) << 16 | digest`, everything the sender did before its store (the copy) is
+//!   visible, so the receiver's plain reads of the slot, in place, see the whole message.
+//! - **A credit.** The receiver reduces or copies the slot, then stores its consumed count
+//!   with release ordering. The sender loads that count with acquire ordering before it writes
+//!   the slot again (`credit_available` before `post_message`): the receiver's reads of the
+//!   slot happen before the sender's next writes to it, so a slot is never overwritten while
+//!   it is read, and a reader never sees half of the next message.
+//! - **Posted WRITEs.** Where the sender does not store itself (a message from a registered
+//!   buffer, a link whose peer's regions did not map, every link over UDP), it stores the
+//!   header or credit into a staging word with release ordering and posts WRITEs (data, then
+//!   header) on the link's RC QP: ferroce places them in order, each word as one aligned
+//!   8-byte store, and the receiver's acquire load pairs with that placement (that ferroce
+//!   makes one WRITE's bytes visible before the next one's is its RC ordering, not this
+//!   module's). Over UDP the
+//!   message's signal is the WRITE with immediate, whose completion the CQ hands over after
+//!   the data was placed.
+//!
 //! # Phases
 //! A collective is a sequence of [`Phase`]s run by [`Communicator::run`]: sends whose bytes are
 //! ready, and receives (each copied or reduced into place, then possibly forwarded to other
@@ -55,7 +80,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ferroce::cm::{EndpointInfo, RemoteRegion, ENDPOINT_LEN};
@@ -67,6 +92,7 @@ use ferroce::{
 
 use crate::reduce::{reduce_into, DataType, ReduceOp};
 use crate::store::{RankInfo, Store, StoreError};
+use crate::words::{mapped, WordRegion};
 
 /// How a communicator is made.
 #[derive(Debug, Clone)]
@@ -277,7 +303,10 @@ impl Link {
                     slots,
                     headers,
                     credit,
-                });
+                })
+                // Words a peer placed at a misaligned address (its card lied) are not stored
+                // into as atomics: the link keeps to posted WRITEs.
+                .filter(|m| mapped(&m.headers, 0).is_some() && mapped(&m.credit, 0).is_some());
             self.map_failures += u8::from(self.maps.is_none());
         }
         self.maps.as_ref()
@@ -360,13 +389,13 @@ pub struct Communicator {
     /// Where peers' messages land: `slots` slots of `slot_bytes` for each rank, by rank.
     inbox: MemoryRegion,
     /// Where each peer writes how many of this rank's messages it consumed, a word by rank.
-    credits: MemoryRegion,
+    credits: WordRegion,
     /// Where the credit WRITEs take their words from, a word by rank.
-    credit_src: MemoryRegion,
+    credit_src: WordRegion,
     /// Where same-host peers mark their messages arrived: a word per slot, by rank.
-    headers: MemoryRegion,
+    headers: WordRegion,
     /// Where the header WRITEs take their words from, a word per slot, by rank.
-    header_src: MemoryRegion,
+    header_src: WordRegion,
     /// Where small messages from a pointer are staged for same-host peers:
     /// `stage_bytes` per slot, by rank.
     stage: MemoryRegion,
@@ -475,6 +504,29 @@ pub(crate) fn digest(kind: u8, parts: &[u64]) -> u16 {
     } else {
         d
     }
+}
+
+/// `n` words from the OS's random source (`/dev/urandom`, which the kernel's `getrandom` also
+/// draws from); if it cannot be read, from std's `RandomState`, whose keys the standard library
+/// draws from the same source.
+fn random_words(n: usize) -> Vec<u32> {
+    use std::io::Read;
+    let mut bytes = vec![0u8; 4 * n];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        let state = std::collections::hash_map::RandomState::new();
+        for (i, c) in bytes.chunks_mut(8).enumerate() {
+            let mut h = state.build_hasher();
+            h.write_usize(i);
+            let v = h.finish().to_ne_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 const CARD_HEADER: usize = 8 + 4 + 3 * 20;
@@ -586,10 +638,10 @@ impl Communicator {
         let cq = ctx.create_cq((per_peer * 4 + RECV_DEPTH + 16) * size.max(1), None)?;
         let remote_write = Access::LOCAL_WRITE.with(Access::REMOTE_WRITE);
         let inbox = pd.alloc_mr(size * opts.slots * opts.slot_bytes, remote_write)?;
-        let credits = pd.alloc_mr(8 * size, remote_write)?;
-        let credit_src = pd.alloc_mr(8 * size, Access::LOCAL_WRITE)?;
-        let headers = pd.alloc_mr(8 * size * opts.slots, remote_write)?;
-        let header_src = pd.alloc_mr(8 * size * opts.slots, Access::LOCAL_WRITE)?;
+        let credits = WordRegion::alloc(&pd, size, remote_write)?;
+        let credit_src = WordRegion::alloc(&pd, size, Access::LOCAL_WRITE)?;
+        let headers = WordRegion::alloc(&pd, size * opts.slots, remote_write)?;
+        let header_src = WordRegion::alloc(&pd, size * opts.slots, Access::LOCAL_WRITE)?;
         let stage = pd.alloc_mr(
             size * opts.slots * opts.slot_bytes.min(INLINE_BYTES),
             Access::LOCAL_WRITE,
@@ -615,17 +667,20 @@ impl Communicator {
         }
         // The card: the slot geometry, the inbox and credit regions, then one endpoint per rank
         // (a zero record for itself).
-        let psn =
-            |qpn: u32| ferroce::Psn::new((qpn.wrapping_mul(2_654_435_761) ^ 0x5a5a) & 0xff_ffff);
+        // Initial PSNs come from the OS's random source, as the drop-in's CM chooses them: a
+        // stranger who cannot see the traffic cannot guess where a QP's sequence stands (a
+        // PSN derived from the QP number would tell it).
+        let mut seeds = random_words(size).into_iter();
+        let mut psn = || ferroce::Psn::new(seeds.next().unwrap_or_default() & 0xff_ffff);
         let mut card = Vec::with_capacity(CARD_HEADER + size * ENDPOINT_LEN);
         card.extend_from_slice(&(opts.slot_bytes as u64).to_be_bytes());
         card.extend_from_slice(&(opts.slots as u32).to_be_bytes());
         put_region(&mut card, region_of(&inbox));
-        put_region(&mut card, region_of(&credits));
-        put_region(&mut card, region_of(&headers));
+        put_region(&mut card, region_of(credits.mr()));
+        put_region(&mut card, region_of(headers.mr()));
         let mut locals = Vec::with_capacity(size);
         for q in &qps {
-            let e = q.as_ref().map(|q| q.endpoint_info(psn(q.qpn()), None));
+            let e = q.as_ref().map(|q| q.endpoint_info(psn(), None));
             match &e {
                 Some(e) => card.extend_from_slice(&e.to_bytes()),
                 None => card.extend_from_slice(&[0u8; ENDPOINT_LEN]),
@@ -1097,8 +1152,7 @@ impl Communicator {
             c.links[p].as_ref().map_or(true, |l| {
                 !l.involved
                     || l.done >= l.reads_until
-                    || (l.failed.is_some()
-                        && c.credits.read_u64(8 * p).is_ok_and(|freed| freed >= l.sent))
+                    || (l.failed.is_some() && c.credits.load(p).is_ok_and(|freed| freed >= l.sent))
             })
         };
         while let Some(p) = (0..n).find(|&p| !drained(self, p)) {
@@ -1143,9 +1197,10 @@ impl Communicator {
         let l = self.links[peer]
             .as_ref()
             .expect("a link to every other rank");
-        // The peer WRITEs its consumed count as one 8-byte word, and ferroce lands an aligned
-        // 8-byte WRITE (and `read_u64` loads it) as one access: no torn value is seen.
-        let freed = self.credits.read_u64(8 * peer)?;
+        // The peer sets its consumed count as one 8-byte word (a release store, or ferroce
+        // placing an aligned 8-byte WRITE), loaded here with acquire ordering (see the module
+        // doc): no torn value is seen, and the peer's reads of the freed slots are done.
+        let freed = self.credits.load(peer)?;
         Ok(l.sent - freed.min(l.sent) < self.opts.slots as u64)
     }
 
@@ -1183,22 +1238,25 @@ impl Communicator {
             // then header, in order.
             let word = (index + 1) << 16 | u64::from(digest);
             if let (Src::Ptr(p), Some(m)) = (src, l.maps()) {
-                // Small: stored straight into the peer's slot, then the header with release
-                // ordering; no request posted, nothing to complete.
-                // SAFETY: the slot (`len` is at most a slot) and the header word lie in the
-                // peer's mapped regions, which the peer does not touch until the header says
-                // so; the word is 8-aligned (regions start page-aligned).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        ptr_bytes(p).as_ptr(),
-                        m.slots.as_ptr().add(slot * self.opts.slot_bytes),
-                        len,
-                    );
-                    AtomicU64::from_ptr(m.headers.as_ptr().add(8 * slot).cast())
-                        .store(word, Ordering::Release);
+                if let Some(header) = mapped(&m.headers, slot) {
+                    // Small: stored straight into the peer's slot, then the header with release
+                    // ordering; no request posted, nothing to complete.
+                    // SAFETY: the slot lies in the peer's mapped slots (`len` is at most a
+                    // slot, and `maps` mapped `slots` slots), which the peer does not read
+                    // until the header says so, and which this rank writes only once the
+                    // peer's credit (loaded with acquire ordering) freed it; `p` is the
+                    // caller's, for `len` bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            ptr_bytes(p).as_ptr(),
+                            m.slots.as_ptr().add(slot * self.opts.slot_bytes),
+                            len,
+                        );
+                    }
+                    header.store(word, Ordering::Release);
+                    l.sent += 1;
+                    return Ok(());
                 }
-                l.sent += 1;
-                return Ok(());
             }
             // A message from a pointer is staged in this slot's bytes of `stage`, which are not
             // written again before the peer consumed the message (its credit).
@@ -1212,7 +1270,7 @@ impl Communicator {
             };
             reads_later = matches!(src, Src::Mr(_));
             let word_at = 8 * (peer * self.opts.slots + slot);
-            self.header_src.write_u64(word_at, word)?;
+            self.header_src.store(word_at / 8, word)?;
             let mut wrs = Vec::with_capacity(2);
             if len > 0 {
                 let mut w = SendWr::new(wr_id, SendOp::Write, vec![mr.sge(at, len)?])
@@ -1220,9 +1278,12 @@ impl Communicator {
                 w.flags.signaled = false;
                 wrs.push(w);
             }
-            let mut header =
-                SendWr::new(wr_id, SendOp::Write, vec![self.header_src.sge(word_at, 8)?])
-                    .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey);
+            let mut header = SendWr::new(
+                wr_id,
+                SendOp::Write,
+                vec![self.header_src.mr().sge(word_at, 8)?],
+            )
+            .remote(l.headers.addr + 8 * slot as u64, l.headers.rkey);
             // Only a message that reads a caller's buffer needs its completion awaited.
             header.flags.signaled = reads_later;
             wrs.push(header);
@@ -1303,7 +1364,7 @@ impl Communicator {
             };
             if wc.status != WcStatus::Success {
                 l.failed.get_or_insert(wc.status);
-                let consumed = self.credits.read_u64(8 * peer)?;
+                let consumed = self.credits.load(peer)?;
                 if wc.wr_id & CREDIT_WR != 0 || consumed >= l.sent {
                     // A peer that consumed everything this rank sent it, finished and left
                     // before its acknowledgements came back (the QP is in ERR now, so nothing
@@ -1372,7 +1433,7 @@ impl Communicator {
     fn check_peers(&self, needed: impl Fn(usize) -> bool) -> Result<(), CollError> {
         for (p, l) in self.links.iter().enumerate() {
             if let Some(l) = l {
-                let unconsumed = self.credits.read_u64(8 * p)? < l.sent;
+                let unconsumed = self.credits.load(p)? < l.sent;
                 if let (true, Some(status)) = (needed(p) || unconsumed, l.failed) {
                     return Err(CollError::Transfer {
                         rank: p,
@@ -1400,7 +1461,7 @@ impl Communicator {
         let slots = self.opts.slots;
         let word = self
             .headers
-            .read_u64(8 * (peer * slots + (index % slots as u64) as usize))?;
+            .load(peer * slots + (index % slots as u64) as usize)?;
         Ok((word >> 16 == index + 1).then_some((word as u32) << 16 | (index & 0xffff) as u32))
     }
 
@@ -1470,22 +1531,20 @@ impl Communicator {
             .as_mut()
             .expect("a link to every other rank");
         let consumed = l.consumed;
-        if let Some(m) = l.maps() {
-            // SAFETY: the peer's credit word for this rank, mapped while `m` lives and
-            // 8-aligned (regions start page-aligned, and the word's offset is a multiple of 8);
-            // the peer only loads it.
-            unsafe { AtomicU64::from_ptr(m.credit.as_ptr().cast()) }
-                .store(consumed, Ordering::Release);
+        if let Some(credit) = l.maps().and_then(|m| mapped(&m.credit, 0)) {
+            // Release: this rank's reads of the slots it frees happen before the peer, having
+            // loaded the count with acquire ordering, writes them again.
+            credit.store(consumed, Ordering::Release);
             l.credited = consumed;
             return Ok(());
         }
         // The word may be read by the transport later than this post (over UDP): a later,
         // larger count in its place is as true.
-        self.credit_src.write_u64(8 * peer, l.consumed)?;
+        self.credit_src.store(peer, l.consumed)?;
         let mut wr = SendWr::new(
             CREDIT_WR | peer as u64,
             SendOp::Write,
-            vec![self.credit_src.sge(8 * peer, 8)?],
+            vec![self.credit_src.mr().sge(8 * peer, 8)?],
         )
         .remote(l.credit.addr, l.credit.rkey);
         wr.flags.signaled = false;
@@ -1607,5 +1666,20 @@ fn push_slices(
         let l = slice.min(len - at);
         q.push_back((mr, off + at, l));
         at += l;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_words;
+
+    #[test]
+    fn initial_psns_are_random_not_derived_from_the_qp_number() {
+        // Two draws of 8 words agree with probability 2^-256; the old PSNs were a function of
+        // the QP number, the same in every job.
+        let (a, b) = (random_words(8), random_words(8));
+        assert_eq!((a.len(), b.len()), (8, 8));
+        assert_ne!(a, b);
+        assert!(a.iter().any(|&w| w & 0xff_ffff != a[0] & 0xff_ffff));
     }
 }

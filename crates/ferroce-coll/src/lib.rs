@@ -11,6 +11,12 @@
 //! module doc; which algorithm each collective uses (recursive doubling or a pipelined ring for
 //! allreduce, a binomial tree or a chain for broadcast, ...) in `ops.rs`'s.
 //!
+//! Rank 0's rendezvous ([`store`]) is open to whoever reaches its port: connections that are
+//! not a rank of the job (garbage, silence, oversized lengths, duplicate or out-of-range
+//! ranks) are turned away and counted ([`RendezvousStats`]), never a failure or a stall of the
+//! job. Setting `FERROCE_JOB_TOKEN` to one secret for every rank makes rank 0 admit only ranks
+//! that present it.
+//!
 //! The kernels work on bytes, as the buffers a collective moves are: a peer's chunk lands in
 //! registered memory, and the reduction reads it where it landed. They are plain loops over
 //! unaligned loads and stores that the compiler vectorises (f32 and i32 sums run at memory
@@ -21,7 +27,8 @@ mod comm;
 mod ops;
 mod reduce;
 pub mod store;
+mod words;
 
 pub use comm::{CollError, CommOptions, Communicator};
 pub use reduce::{finish_avg, reduce_into, DataType, ReduceError, ReduceOp};
-pub use store::{RankInfo, Store, StoreError};
+pub use store::{RankInfo, RendezvousStats, Store, StoreError};

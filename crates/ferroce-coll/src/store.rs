@@ -7,17 +7,59 @@
 //! a later exchange (a sub-communicator's set-up) costs no new connection.
 //!
 //! Nothing here waits forever: every step has the store's deadline, and a rank whose connection
-//! ends makes the others' exchange fail with [`StoreError::RankGone`] naming it. Ranks that
-//! disagree on the world size, or two ranks claiming one number, are refused at the hello.
+//! ends makes the others' exchange fail with [`StoreError::RankGone`] naming it.
+//!
+//! # Strangers at the door
+//! Rank 0's port is open to whoever reaches it: a port scanner, a health check, a rank of
+//! another job given the same port, an attacker. None of them can fail or stall the job:
+//! - Rank 0 serves every connection at once (non-blocking, one thread): a connection that sends
+//!   nothing, or a byte a second, holds up no one, and is closed after [`HELLO_TIMEOUT`] (or
+//!   when the job has formed). At most [`MAX_PENDING`] wait at once; past that the oldest goes.
+//! - A hello is `FRC2`, a length, then rank, world size and job token. A connection whose
+//!   first bytes are not that, or whose length is over [`MAX_HELLO`], is closed and counted;
+//!   one with the wrong token, another world size, a rank outside the world, or a rank another
+//!   live connection holds is answered `ERR ...` (so a misconfigured rank of this job fails at
+//!   once with [`StoreError::Refused`]), closed and counted. Rank 0 goes on waiting; if the job
+//!   never forms, its [`StoreError::Timeout`] says what it turned away.
+//! - A claim for a rank whose holder's connection has closed replaces it: that is a rank
+//!   retrying after its first connection broke before rank 0's answer reached it (a rank
+//!   retries by itself when its connection ends before the answer).
+//! - Every length on the wire is bounded before anything is allocated ([`MAX_HELLO`],
+//!   [`MAX_CARD`], [`MAX_TABLE`]), and buffers grow with the bytes that actually arrive, not
+//!   with what a length field claims.
+//! - [`Store::stats`] counts what was turned away ([`RendezvousStats`]).
+//!
+//! Without a token, a stranger that speaks the protocol and claims a free rank first takes it
+//! (the real rank is then refused, and the job fails rather than runs with a stranger in it). A
+//! job token closes that: set `FERROCE_JOB_TOKEN` ([`TOKEN_ENV`]) to the same secret for every
+//! rank (the launcher's environment carries it), and rank 0 admits only hellos that present it,
+//! compared in constant time. The token travels in clear over TCP: it keeps out strangers and
+//! other jobs, not an eavesdropper on the path (who could as well forge RoCE packets).
 
-use std::io::{Read, Write};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Identifies the store's messages (and their version) on the wire.
-const MAGIC: [u8; 4] = *b"FRC1";
+/// Identifies the store's hello (and its version) on the wire.
+const MAGIC: [u8; 4] = *b"FRC2";
 /// The most bytes one rank may hand to one exchange.
 pub const MAX_CARD: usize = 1 << 24;
+/// The most bytes of a table (every rank's card) a rank accepts from rank 0.
+pub const MAX_TABLE: usize = 1 << 30;
+/// The longest job token.
+pub const MAX_TOKEN: usize = 1024;
+/// The most bytes a hello may say follow its length: rank, world size and token.
+pub const MAX_HELLO: usize = 8 + MAX_TOKEN;
+/// The environment variable holding the job token (unset or empty: no token).
+pub const TOKEN_ENV: &str = "FERROCE_JOB_TOKEN";
+/// How long a connection to rank 0 has to send its whole hello (or the store's timeout, if
+/// shorter).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most connections rank 0 keeps waiting for a hello at once.
+pub const MAX_PENDING: usize = 128;
+/// The most bytes of rank 0's answer to a hello.
+const MAX_ANSWER: usize = 4096;
 
 /// Where a rank stands in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +140,9 @@ pub enum StoreError {
     /// An environment variable does not parse.
     #[error("{0}={1:?} does not parse")]
     BadVar(&'static str, String),
+    /// A job token longer than [`MAX_TOKEN`] (its bytes are not repeated here).
+    #[error("a job token of {0} bytes (at most {MAX_TOKEN})")]
+    BadToken(usize),
     /// A rank number outside the world.
     #[error("rank {rank} of a world of {world_size}")]
     BadRank {
@@ -106,7 +151,8 @@ pub enum StoreError {
         /// The world size given.
         world_size: usize,
     },
-    /// The master refused this rank (or, at the master, a rank was refused).
+    /// Rank 0 refused this rank (another world size, a rank another process holds, another
+    /// job token).
     #[error("rendezvous refused: {0}")]
     Refused(String),
     /// A rank's connection ended (it exited or crashed).
@@ -126,6 +172,89 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
 }
 
+/// What rank 0 turned away while the job formed (see the module doc): every connection that
+/// was not admitted as a rank is counted once, under the first reason that fits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RendezvousStats {
+    /// Connections admitted as ranks.
+    pub admitted: u64,
+    /// Connections whose first bytes were not a hello, or that closed before a whole one.
+    pub garbage: u64,
+    /// Hellos whose length was over [`MAX_HELLO`].
+    pub oversized: u64,
+    /// Hellos without the job's token (or with a token when the job has none).
+    pub bad_token: u64,
+    /// Hellos with another world size.
+    pub wrong_world: u64,
+    /// Hellos claiming rank 0 or a rank outside the world.
+    pub out_of_range: u64,
+    /// Hellos claiming a rank a live connection already holds.
+    pub duplicate: u64,
+    /// Hellos that took the place of a rank's earlier connection, which had closed (a retry).
+    pub replaced: u64,
+    /// Connections that sent no whole hello within [`HELLO_TIMEOUT`], or by the time the job
+    /// formed.
+    pub silent: u64,
+    /// Connections closed because [`MAX_PENDING`] others waited, and failed accepts (out of
+    /// file descriptors, say).
+    pub overflow: u64,
+}
+
+impl RendezvousStats {
+    /// How many connections were turned away, for any reason (a retry that replaced its own
+    /// earlier connection is not one).
+    pub fn ignored(&self) -> u64 {
+        self.garbage
+            + self.oversized
+            + self.bad_token
+            + self.wrong_world
+            + self.out_of_range
+            + self.duplicate
+            + self.silent
+            + self.overflow
+    }
+}
+
+impl std::fmt::Display for RendezvousStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} garbage, {} oversized, {} with a wrong token, {} with another world size, {} \
+             out of range, {} duplicate, {} silent, {} overflowed",
+            self.garbage,
+            self.oversized,
+            self.bad_token,
+            self.wrong_world,
+            self.out_of_range,
+            self.duplicate,
+            self.silent,
+            self.overflow
+        )
+    }
+}
+
+/// The job token from [`TOKEN_ENV`]: `None` when unset or empty.
+pub fn token_from_env() -> Result<Option<Vec<u8>>, StoreError> {
+    use std::os::unix::ffi::OsStringExt;
+    let token = std::env::var_os(TOKEN_ENV)
+        .map(OsStringExt::into_vec)
+        .filter(|t| !t.is_empty());
+    match token {
+        Some(t) if t.len() > MAX_TOKEN => Err(StoreError::BadToken(t.len())),
+        t => Ok(t),
+    }
+}
+
+/// Whether `got` is `want`, in a time that depends on `want`'s length only: a stranger learns
+/// nothing from how long the comparison took about how much of its guess was right.
+fn same_token(want: &[u8], got: &[u8]) -> bool {
+    let mut diff = u8::from(want.len() != got.len());
+    for (i, w) in want.iter().enumerate() {
+        diff |= w ^ got.get(i).copied().unwrap_or(0);
+    }
+    std::hint::black_box(diff) == 0
+}
+
 /// A rank's place in the rendezvous.
 #[derive(Debug)]
 pub struct Store {
@@ -136,38 +265,46 @@ pub struct Store {
     links: Vec<TcpStream>,
     /// Exchanges done so far (each message carries it, so a stray one is caught).
     round: u64,
+    /// Rank 0: what it turned away while the job formed.
+    stats: RendezvousStats,
 }
 
 fn io_err(e: std::io::Error, timeout: Duration, what: impl Into<String>) -> StoreError {
     match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            StoreError::Timeout(timeout, what.into())
-        }
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => StoreError::Timeout(timeout, what.into()),
+        ErrorKind::InvalidData => StoreError::Protocol(format!("{} from {}", e, what.into())),
         _ => StoreError::Io(e),
     }
 }
 
-fn hello(rank: usize, world_size: usize) -> [u8; 12] {
-    let mut h = [0u8; 12];
-    h[..4].copy_from_slice(&MAGIC);
-    h[4..8].copy_from_slice(&(rank as u32).to_be_bytes());
-    h[8..12].copy_from_slice(&(world_size as u32).to_be_bytes());
+/// A hello: magic, the length of the rest, rank, world size, token.
+fn hello(rank: u32, world_size: u32, token: &[u8]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(16 + token.len());
+    h.extend_from_slice(&MAGIC);
+    h.extend_from_slice(&((8 + token.len()) as u32).to_be_bytes());
+    h.extend_from_slice(&rank.to_be_bytes());
+    h.extend_from_slice(&world_size.to_be_bytes());
+    h.extend_from_slice(token);
     h
 }
 
-/// Reads one length-prefixed message (`u32` length, then the bytes), at most `max` bytes.
+/// Reads one length-prefixed message (`u32` length, then the bytes), at most `max` bytes. The
+/// buffer grows with the bytes that arrive, so a length that lies costs no memory.
 fn read_msg(s: &mut TcpStream, max: usize) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len) as usize;
     if len > max {
         return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a message of {len} bytes"),
+            ErrorKind::InvalidData,
+            format!("a message of {len} bytes (at most {max})"),
         ));
     }
-    let mut buf = vec![0u8; len];
-    s.read_exact(&mut buf)?;
+    let mut buf = Vec::with_capacity(len.min(64 << 10));
+    Read::by_ref(s).take(len as u64).read_to_end(&mut buf)?;
+    if buf.len() < len {
+        return Err(ErrorKind::UnexpectedEof.into());
+    }
     Ok(buf)
 }
 
@@ -178,119 +315,352 @@ fn write_msg(s: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
     s.write_all(&m)
 }
 
+/// A connection to rank 0 that has not finished its hello.
+struct Pending {
+    s: TcpStream,
+    /// The hello's bytes so far.
+    buf: Vec<u8>,
+    since: Instant,
+}
+
+/// Which of [`RendezvousStats`]' counters a connection turned away goes to.
+type Counter = fn(&mut RendezvousStats) -> &mut u64;
+
+/// What became of a pending connection after a read.
+enum Step {
+    /// More bytes are due.
+    Wait,
+    /// Closed and counted under the reason (the counter to bump).
+    Drop(Counter),
+    /// A whole hello: rank, world size, token.
+    Hello(usize, usize, Vec<u8>),
+}
+
+impl Pending {
+    /// Reads what has arrived (never more than the hello), and judges it.
+    fn step(&mut self) -> Step {
+        loop {
+            let want = if self.buf.len() < 8 {
+                8
+            } else {
+                let len = u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]);
+                let len = len as usize;
+                if len > MAX_HELLO {
+                    return Step::Drop(|s| &mut s.oversized);
+                }
+                if len < 8 {
+                    return Step::Drop(|s| &mut s.garbage);
+                }
+                8 + len
+            };
+            if self.buf.len() == want {
+                let b = &self.buf;
+                let word = |at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                return Step::Hello(word(8) as usize, word(12) as usize, b[16..].to_vec());
+            }
+            let mut chunk = [0u8; 256];
+            let n = (want - self.buf.len()).min(chunk.len());
+            match self.s.read(&mut chunk[..n]) {
+                Ok(0) => return Step::Drop(|s| &mut s.garbage),
+                Ok(got) => {
+                    self.buf.extend_from_slice(&chunk[..got]);
+                    let m = self.buf.len().min(4);
+                    if self.buf[..m] != MAGIC[..m] {
+                        // Not one of ours (a port scan, an HTTP probe, another program).
+                        return Step::Drop(|s| &mut s.garbage);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Wait,
+                Err(_) => return Step::Drop(|s| &mut s.garbage),
+            }
+        }
+    }
+}
+
+/// Whether the connection is still open (a closed one reads as the end of the stream).
+fn alive(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let open = match s.peek(&mut [0u8; 1]) {
+        Ok(n) => n > 0,
+        Err(e) => e.kind() == ErrorKind::WouldBlock,
+    };
+    open && s.set_nonblocking(false).is_ok()
+}
+
 impl Store {
     /// Joins the rendezvous `info` names: rank 0 listens on the master address, the others
-    /// connect to it (retrying until rank 0 is up, within `timeout`).
+    /// connect to it (retrying until rank 0 is up, within `timeout`). Every rank presents the
+    /// job token in [`TOKEN_ENV`], if set.
     pub fn join(info: &RankInfo, timeout: Duration) -> Result<Store, StoreError> {
+        let token = token_from_env()?;
         if info.rank == 0 {
             let listener = TcpListener::bind(info.master)?;
-            Store::serve(listener, info.world_size, timeout)
+            Store::serve_with_token(listener, info.world_size, timeout, token.as_deref())
         } else {
-            Store::connect(info.master, info.rank, info.world_size, timeout)
+            Store::connect_with_token(
+                info.master,
+                info.rank,
+                info.world_size,
+                timeout,
+                token.as_deref(),
+            )
         }
     }
 
     /// Rank 0's side, on a listener already bound: waits (within `timeout`) for every other
-    /// rank's hello.
+    /// rank's hello. The job token is [`TOKEN_ENV`]'s, if set.
     pub fn serve(
         listener: TcpListener,
         world_size: usize,
         timeout: Duration,
     ) -> Result<Store, StoreError> {
+        let token = token_from_env()?;
+        Store::serve_with_token(listener, world_size, timeout, token.as_deref())
+    }
+
+    /// As [`serve`](Self::serve), admitting only ranks that present `token` (`None`: ranks
+    /// that present none). Connections that are not such a rank's hello are turned away and
+    /// counted (see the module doc), never an error of the job's.
+    pub fn serve_with_token(
+        listener: TcpListener,
+        world_size: usize,
+        timeout: Duration,
+        token: Option<&[u8]>,
+    ) -> Result<Store, StoreError> {
+        let want = token.unwrap_or_default();
+        if want.len() > MAX_TOKEN {
+            return Err(StoreError::BadToken(want.len()));
+        }
         let deadline = Instant::now() + timeout;
+        let hello_limit = timeout.min(HELLO_TIMEOUT);
         listener.set_nonblocking(true)?;
+        let mut stats = RendezvousStats::default();
+        let mut last_accept_error = None;
         let mut slots: Vec<Option<TcpStream>> = (1..world_size).map(|_| None).collect();
+        let mut pending: VecDeque<Pending> = VecDeque::new();
         while slots.iter().any(Option::is_none) {
-            let (mut s, _) = match listener.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        let missing: Vec<usize> =
-                            (1..world_size).filter(|r| slots[r - 1].is_none()).collect();
-                        return Err(StoreError::Timeout(timeout, format!("ranks {missing:?}")));
+            let mut busy = false;
+            loop {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        busy = true;
+                        if s.set_nonblocking(true).is_err() {
+                            stats.garbage += 1;
+                            continue;
+                        }
+                        if pending.len() >= MAX_PENDING {
+                            pending.pop_front();
+                            stats.overflow += 1;
+                        }
+                        pending.push_back(Pending {
+                            s,
+                            buf: Vec::new(),
+                            since: Instant::now(),
+                        });
                     }
-                    std::thread::sleep(Duration::from_millis(5));
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        // Out of file descriptors (a flood), or a connection reset before it
+                        // was accepted: not the job's failure. The deadline bounds a listener
+                        // that keeps failing.
+                        stats.overflow += 1;
+                        last_accept_error = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            let mut i = 0;
+            while i < pending.len() {
+                let step = pending[i].step();
+                let p = match step {
+                    Step::Wait if pending[i].since.elapsed() > hello_limit => {
+                        stats.silent += 1;
+                        pending.remove(i);
+                        continue;
+                    }
+                    Step::Wait => {
+                        i += 1;
+                        continue;
+                    }
+                    Step::Drop(counter) => {
+                        *counter(&mut stats) += 1;
+                        pending.remove(i);
+                        busy = true;
+                        continue;
+                    }
+                    Step::Hello(rank, size, presented) => {
+                        busy = true;
+                        let p = pending.remove(i).expect("in range");
+                        (p, rank, size, presented)
+                    }
+                };
+                let (mut p, rank, size, presented) = p;
+                let problem: Option<(Counter, String)> = if !same_token(want, &presented) {
+                    // Nothing else is said to a connection without the token.
+                    Some((|s| &mut s.bad_token, "the job token does not match".into()))
+                } else if size != world_size {
+                    Some((
+                        |s| &mut s.wrong_world,
+                        format!(
+                            "rank {rank} says the world has {size} ranks, rank 0 says \
+                                 {world_size}"
+                        ),
+                    ))
+                } else if rank == 0 || rank >= world_size {
+                    Some((
+                        |s| &mut s.out_of_range,
+                        format!("rank {rank} is outside a world of {world_size}"),
+                    ))
+                } else if slots[rank - 1].as_ref().is_some_and(alive) {
+                    Some((
+                        |s| &mut s.duplicate,
+                        format!("two processes claim rank {rank}"),
+                    ))
+                } else {
+                    None
+                };
+                if let Some((counter, why)) = problem {
+                    *counter(&mut stats) += 1;
+                    // A rank of this job that is misconfigured learns why at once; the
+                    // connection is non-blocking, so a peer that reads nothing costs nothing.
+                    let _ = write_msg(&mut p.s, format!("ERR {why}").as_bytes());
                     continue;
                 }
-                Err(e) => return Err(e.into()),
-            };
-            s.set_nonblocking(false)?;
-            s.set_nodelay(true)?;
-            s.set_read_timeout(Some(timeout))?;
-            s.set_write_timeout(Some(timeout))?;
-            let mut h = [0u8; 12];
-            if s.read_exact(&mut h).is_err() || h[..4] != MAGIC {
-                // Not one of ours (a port scan, another program): ignore it.
-                continue;
+                let s = p.s;
+                let admitted = s.set_nonblocking(false).is_ok()
+                    && s.set_nodelay(true).is_ok()
+                    && s.set_read_timeout(Some(timeout)).is_ok()
+                    && s.set_write_timeout(Some(hello_limit)).is_ok();
+                let mut s = s;
+                if !admitted || write_msg(&mut s, b"OK").is_err() {
+                    stats.garbage += 1;
+                    continue;
+                }
+                s.set_write_timeout(Some(timeout))?;
+                if slots[rank - 1].replace(s).is_some() {
+                    stats.replaced += 1;
+                }
+                stats.admitted += 1;
             }
-            let rank = u32::from_be_bytes(h[4..8].try_into().unwrap_or_default()) as usize;
-            let size = u32::from_be_bytes(h[8..12].try_into().unwrap_or_default()) as usize;
-            let problem = if size != world_size {
-                Some(format!(
-                    "rank {rank} says the world has {size} ranks, rank 0 says {world_size}"
-                ))
-            } else if rank == 0 || rank >= world_size {
-                Some(format!("rank {rank} is outside a world of {world_size}"))
-            } else if slots[rank - 1].is_some() {
-                Some(format!("two processes claim rank {rank}"))
-            } else {
-                None
-            };
-            if let Some(p) = problem {
-                let _ = write_msg(&mut s, format!("ERR {p}").as_bytes());
-                return Err(StoreError::Refused(p));
+            if slots.iter().all(Option::is_some) {
+                break;
             }
-            write_msg(&mut s, b"OK")?;
-            slots[rank - 1] = Some(s);
+            if Instant::now() > deadline {
+                let missing: Vec<usize> =
+                    (1..world_size).filter(|r| slots[r - 1].is_none()).collect();
+                let mut what = format!("ranks {missing:?} (turned away: {stats}");
+                if let Some(e) = last_accept_error {
+                    what.push_str(&format!("; last accept error: {e}"));
+                }
+                what.push(')');
+                return Err(StoreError::Timeout(timeout, what));
+            }
+            if !busy {
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
+        stats.silent += pending.len() as u64;
         Ok(Store {
             rank: 0,
             world_size,
             timeout,
             links: slots.into_iter().flatten().collect(),
             round: 0,
+            stats,
         })
     }
 
     /// A non-zero rank's side: connects to rank 0 at `master`, retrying until it answers or
-    /// `timeout` passes.
+    /// `timeout` passes. The job token is [`TOKEN_ENV`]'s, if set.
     pub fn connect(
         master: SocketAddr,
         rank: usize,
         world_size: usize,
         timeout: Duration,
     ) -> Result<Store, StoreError> {
+        let token = token_from_env()?;
+        Store::connect_with_token(master, rank, world_size, timeout, token.as_deref())
+    }
+
+    /// As [`connect`](Self::connect), presenting `token` (`None`: none).
+    pub fn connect_with_token(
+        master: SocketAddr,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+        token: Option<&[u8]>,
+    ) -> Result<Store, StoreError> {
+        let (Ok(r32), Ok(n32)) = (u32::try_from(rank), u32::try_from(world_size)) else {
+            return Err(StoreError::BadRank { rank, world_size });
+        };
         if rank == 0 || rank >= world_size {
             return Err(StoreError::BadRank { rank, world_size });
         }
+        let token = token.unwrap_or_default();
+        if token.len() > MAX_TOKEN {
+            return Err(StoreError::BadToken(token.len()));
+        }
         let deadline = Instant::now() + timeout;
-        let mut s = loop {
-            match TcpStream::connect_timeout(&master, timeout) {
-                Ok(s) => break s,
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        loop {
+            let mut s = match TcpStream::connect_timeout(&master, left()) {
+                Ok(s) => s,
                 Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
                 }
                 Err(e) => return Err(io_err(e, timeout, format!("rank 0 at {master}"))),
+            };
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(left()))?;
+            s.set_write_timeout(Some(left()))?;
+            let answer = s
+                .write_all(&hello(r32, n32, token))
+                .and_then(|()| read_msg(&mut s, MAX_ANSWER));
+            let answer = match answer {
+                Ok(a) => a,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::UnexpectedEof
+                            | ErrorKind::ConnectionReset
+                            | ErrorKind::BrokenPipe
+                            | ErrorKind::ConnectionAborted
+                    ) && Instant::now() < deadline =>
+                {
+                    // The connection broke before rank 0 answered (it turned away connections
+                    // in a flood, say): try again; a claim of ours it admitted on the broken
+                    // connection gives way to this one.
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Err(e) => return Err(io_err(e, timeout, "rank 0's answer")),
+            };
+            if answer != b"OK" {
+                return Err(StoreError::Refused(
+                    String::from_utf8_lossy(answer.strip_prefix(b"ERR ").unwrap_or(&answer))
+                        .into_owned(),
+                ));
             }
-        };
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(timeout))?;
-        s.set_write_timeout(Some(timeout))?;
-        s.write_all(&hello(rank, world_size))?;
-        let answer = read_msg(&mut s, 4096).map_err(|e| io_err(e, timeout, "rank 0's answer"))?;
-        if answer != b"OK" {
-            return Err(StoreError::Refused(
-                String::from_utf8_lossy(answer.strip_prefix(b"ERR ").unwrap_or(&answer))
-                    .into_owned(),
-            ));
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
+            return Ok(Store {
+                rank,
+                world_size,
+                timeout,
+                links: vec![s],
+                round: 0,
+                stats: RendezvousStats::default(),
+            });
         }
-        Ok(Store {
-            rank,
-            world_size,
-            timeout,
-            links: vec![s],
-            round: 0,
-        })
     }
 
     /// This rank.
@@ -303,6 +673,10 @@ impl Store {
         self.world_size
     }
 
+    /// At rank 0, what it turned away while the job formed (all zeros at the other ranks).
+    pub fn stats(&self) -> RendezvousStats {
+        self.stats
+    }
     /// Hands `card` in and returns every rank's card, in rank order (this rank's included).
     pub fn all_gather(&mut self, card: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
         if card.len() > MAX_CARD {
@@ -356,8 +730,11 @@ impl Store {
             let mut msg = round.to_vec();
             msg.extend_from_slice(card);
             write_msg(s, &msg).map_err(|e| gone_or(e, 0, timeout))?;
-            let table = read_msg(s, (MAX_CARD + 4) * self.world_size + 8)
-                .map_err(|e| gone_or(e, 0, timeout))?;
+            let most = (MAX_CARD + 4)
+                .saturating_mul(self.world_size)
+                .saturating_add(8)
+                .min(MAX_TABLE);
+            let table = read_msg(s, most).map_err(|e| gone_or(e, 0, timeout))?;
             parse_table(&table, &round, self.world_size)
         }
     }
@@ -366,9 +743,9 @@ impl Store {
 /// A connection that ended is its rank gone; a read that timed out is a timeout.
 fn gone_or(e: std::io::Error, rank: usize, timeout: Duration) -> StoreError {
     match e.kind() {
-        std::io::ErrorKind::UnexpectedEof
-        | std::io::ErrorKind::ConnectionReset
-        | std::io::ErrorKind::BrokenPipe => StoreError::RankGone(rank),
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => {
+            StoreError::RankGone(rank)
+        }
         _ => io_err(e, timeout, format!("rank {rank}")),
     }
 }

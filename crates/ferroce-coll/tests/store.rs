@@ -1,7 +1,9 @@
 //! The rendezvous between ranks as threads of this process over real TCP on loopback: every
 //! world size from 1 to 5 exchanges cards over several rounds; the environment is read as
-//! torchrun sets it; wrong world sizes, duplicate ranks, a rank that never comes and a rank
-//! that leaves mid-exchange are errors within the deadline, never a hang.
+//! torchrun sets it; a wrong world size and a duplicate rank are refused (to the rank that
+//! claimed it) without failing the job; a rank that never comes and a rank that leaves
+//! mid-exchange are errors within the deadline, never a hang. Hostile connections are in
+//! `rendezvous.rs`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -101,35 +103,58 @@ fn rank_info_reads_torchruns_environment() {
 }
 
 #[test]
-fn a_rank_with_another_world_size_is_refused() {
+fn a_rank_with_another_world_size_is_refused_and_rank_0_says_so_at_its_deadline() {
     let (l, addr) = listener();
-    let other = std::thread::spawn(move || Store::connect(addr, 1, 3, T));
-    let r0 = Store::serve(l, 2, T);
+    let started = Instant::now();
+    let other = std::thread::spawn(move || {
+        let r = Store::connect(addr, 1, 3, T);
+        (r, started.elapsed())
+    });
+    let r0 = Store::serve(l, 2, Duration::from_secs(1));
     assert!(
-        matches!(&r0, Err(StoreError::Refused(m)) if m.contains("3 ranks")),
+        matches!(&r0, Err(StoreError::Timeout(_, m)) if m.contains("1 with another world size")),
         "{r0:?}"
     );
-    let r1 = other.join().unwrap();
+    let (r1, took) = other.join().unwrap();
     assert!(
         matches!(&r1, Err(StoreError::Refused(m)) if m.contains("3 ranks")),
         "{r1:?}"
     );
+    // Refused at once, not at rank 0's deadline.
+    assert!(took < Duration::from_millis(900), "{took:?}");
 }
 
 #[test]
-fn two_processes_claiming_one_rank_are_refused() {
+fn of_two_processes_claiming_one_rank_the_second_is_refused_and_the_job_forms() {
     let (l, addr) = listener();
-    let a = std::thread::spawn(move || Store::connect(addr, 1, 3, T));
-    let b = std::thread::spawn(move || Store::connect(addr, 1, 3, T));
-    let r0 = Store::serve(l, 3, T);
+    let r0 = std::thread::spawn(move || {
+        let mut s = Store::serve(l, 3, T).unwrap();
+        let cards = s.all_gather(b"zero").unwrap();
+        (cards, s.stats())
+    });
+    let mut first = std::thread::spawn(move || Store::connect(addr, 1, 3, T))
+        .join()
+        .unwrap()
+        .unwrap();
+    // Rank 1 is held by a live connection now: a second claim is refused, the first stays.
+    let second = Store::connect(addr, 1, 3, T);
     assert!(
-        matches!(&r0, Err(StoreError::Refused(m)) if m.contains("claim rank 1")),
-        "{r0:?}"
+        matches!(&second, Err(StoreError::Refused(m)) if m.contains("claim rank 1")),
+        "{second:?}"
     );
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
-    assert!(
-        a.is_err() || b.is_err(),
-        "both claimants were accepted: {a:?} {b:?}"
+    let two = std::thread::spawn(move || {
+        let mut s = Store::connect(addr, 2, 3, T).unwrap();
+        s.all_gather(b"two").unwrap()
+    });
+    let want: Vec<Vec<u8>> = vec![b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()];
+    assert_eq!(first.all_gather(b"one").unwrap(), want);
+    assert_eq!(two.join().unwrap(), want);
+    let (cards, stats) = r0.join().unwrap();
+    assert_eq!(cards, want);
+    assert_eq!(
+        (stats.duplicate, stats.admitted, stats.ignored()),
+        (1, 2, 1),
+        "{stats:?}"
     );
 }
 
