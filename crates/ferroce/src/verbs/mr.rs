@@ -34,7 +34,7 @@
 //! Dropping a [`MemoryRegion`] removes its key at once, so no new access can find it.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use ferroce_proto::memory::{Access, AtomicOp, KeyKind, Memory, MemoryError};
@@ -706,6 +706,11 @@ impl MemoryRegion {
                 // SAFETY: `handle_ptr` checked the range lies in the region, which stays mapped
                 // and registered while `self` lives; `out` is a distinct buffer of that length.
                 unsafe { copy_bytes(src, out.as_mut_ptr(), out.len()) };
+                // Data-then-flag: whoever reads a flag here and then the data it announces
+                // must see the data the peer wrote before the flag (the peer's side is the
+                // release fence in `write`, or in a direct WRITE). Free on x86-64 (a compiler
+                // barrier), a barrier instruction on weakly ordered CPUs.
+                fence(Ordering::Acquire);
                 Ok(())
             }
             None => self.inner.copy_out(offset, out),
@@ -718,6 +723,9 @@ impl MemoryRegion {
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         match self.inner.handle_ptr(offset, data.len()) {
             Some(dst) => {
+                // Everything stored before (the data a flag written now announces) is visible
+                // before these bytes are; see `read`.
+                fence(Ordering::Release);
                 // SAFETY: as in `read`, in the other direction.
                 unsafe { copy_bytes(data.as_ptr(), dst, data.len()) };
                 // The store must happen here, where the caller put it (before a post that
@@ -750,7 +758,8 @@ impl MemoryRegion {
     ) -> Result<R> {
         match self.inner.handle_ptr(offset, len) {
             Some(p) => {
-                compiler_fence(Ordering::Acquire);
+                // As after `read`'s copy: the caller read the flag that announced these bytes.
+                fence(Ordering::Acquire);
                 // SAFETY: `handle_ptr` checked the range lies in the region, mapped while
                 // `self` lives; the caller vouches nothing writes it while `f` runs.
                 Ok(f(unsafe { std::slice::from_raw_parts(p, len) }))

@@ -5,7 +5,7 @@
 //! target's responder) deal with it exactly as over UDP — including every refusal, which is how
 //! a refused request gets the IBTA status without this module repeating the rules.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferroce_proto::memory::AtomicOp;
@@ -174,6 +174,10 @@ pub(crate) fn one_sided_op(
 #[inline(always)]
 pub(crate) unsafe fn move_one_sided(writing: bool, local: *mut u8, remote: *mut u8, len: usize) {
     let (src, dst) = if writing {
+        // The bytes of every earlier WRITE (and whatever this process stored before posting)
+        // are visible to the peer before this one's, as a responder places them in order: a
+        // peer polling a flag this WRITE sets then reads the data earlier ones carried.
+        fence(Ordering::Release);
         (local.cast_const(), remote)
     } else {
         (remote.cast_const(), local)
@@ -188,6 +192,11 @@ pub(crate) unsafe fn move_one_sided(writing: bool, local: *mut u8, remote: *mut 
         } else {
             copy_bytes(src, dst, len);
         }
+    }
+    if !writing {
+        // A READ completes only after its bytes were taken; what the application reads after
+        // the completion is not older than them.
+        fence(Ordering::Acquire);
     }
 }
 
@@ -253,6 +262,8 @@ fn one_sided(
             // SAFETY: `resolve` checked `base..base + len` lies in the peer's region, which
             // `map` keeps mapped.
             let dst = unsafe { map.ptr().add(base) };
+            // As in `move_one_sided`: earlier stores are visible before these bytes.
+            fence(Ordering::Release);
             if let Some(data) = &wr.inline_data {
                 // SAFETY: the source is a live local buffer of `len` bytes; the destination is
                 // the checked remote range.
@@ -274,6 +285,7 @@ fn one_sided(
                 // SAFETY: as for WRITE, in the other direction.
                 unsafe { copy_bytes(src.add(at), dst, n) }
             })?;
+            fence(Ordering::Acquire);
         }
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
             if wr.remote_addr % 8 != 0 || wr.sgl.len() != 1 || wr.sgl[0].length < 8 {

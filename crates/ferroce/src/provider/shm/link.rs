@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use ferroce_proto::Access;
 
+use super::admit::admit_one_sided;
 use super::direct;
 use super::map::SharedMap;
 use super::pages::{KeyTable, PublishedRegion, QpPage};
@@ -160,7 +161,7 @@ impl PeerMemory {
         len: u64,
         need: Access,
     ) -> Option<(&SharedMap, usize)> {
-        let pd = self.page.serves(need)?;
+        let qp = self.page.words();
         // The common case: the key used last, its slot unchanged since (one load, where a
         // full read of the slot is eight and a check of the number after them).
         let current = self
@@ -171,8 +172,8 @@ impl PeerMemory {
             self.look_up(rkey)?;
         }
         let l = self.last_region.as_ref()?;
-        let off = l.region.admit(pd, need, addr, len)?;
-        Some((&l.map, off))
+        let off = admit_one_sided(qp, &l.region.grant(), need, addr, len)?;
+        Some((&l.map, (l.region.file_offset + off) as usize))
     }
 
     /// As [`resolve`](Self::resolve), with a reference to the mapping that keeps it mapped.

@@ -37,13 +37,26 @@
 //!   ERR, exactly as on the wire. A refused request never touches memory.
 //! - A peer's engine that sleeps is woken by one byte on the hello connection; a peer process
 //!   that dies closes that connection, and the survivor's QP goes to ERR (flushing its work).
-
+//!
+//! # Memory ordering, and the CPUs this path supports
+//! Every word another process polls or checks — ring positions, key-table sequence numbers and
+//! slots, QP page words, the sleeping flag — is an atomic, stored with release and loaded with
+//! acquire (the key table is a seqlock: odd while a slot changes, fenced on both sides). Bytes
+//! (ring records, region contents) are plain copies ordered by those atomics, and by fences
+//! where the protocol is the application's own: a direct WRITE's copy is preceded by a release
+//! fence and a READ's followed by an acquire fence, as `MemoryRegion::write`/`read` are, so a
+//! flag written after data (by a later WRITE, or a later `write`) is never seen before the data
+//! on any CPU. As on a NIC, the order of bytes *within* one WRITE is not promised. On x86-64
+//! these fences cost nothing (TSO); on AArch64 and other weakly ordered CPUs they are barrier
+//! instructions, and the design holds there too, though it is tested on x86-64 only. The ring
+//! and the seqlock are model-checked with loom (`tests/loom_models.rs`).
 //!
 //! # Files
-//! `pages` (the key table and QP page layouts), `adopt` (caller memory moved onto a memfd), `host` (the listener and the hello exchange),
+//! `pages` (the key table and QP page layouts), `admit` (the one check of a direct access), `adopt` (caller memory moved onto a memfd), `host` (the listener and the hello exchange),
 //! `link` (a QP's link and its way into the peer's memory), `transfer` (the packet path through
 //! rings), `direct` and `shortcut` (one-sided operations inside `post_send`), `ring`, `map`.
 
+mod admit;
 pub(crate) mod adopt;
 pub(crate) mod direct;
 mod host;

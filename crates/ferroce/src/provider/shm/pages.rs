@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use ferroce_proto::{Access, QpState};
 
+use super::admit::{Grant, PeerQpWords};
 use super::map::SharedMap;
 use super::ring::Ring;
 
@@ -98,16 +99,15 @@ pub(crate) struct PublishedRegion {
 }
 
 impl PublishedRegion {
-    /// The offset of `addr..addr + len` in the region's memfd, if an access through a peer QP
-    /// in protection domain `pd` that needs `need` may touch it (and the region's bytes are in
-    /// a memfd a peer can map).
+    /// What the slot grants (see `admit`).
     #[inline]
-    pub(super) fn admit(&self, pd: u32, need: Access, addr: u64, len: u64) -> Option<usize> {
-        if self.pd != pd || !self.access.contains(need) || self.fd < 0 {
-            return None;
+    pub(super) fn grant(&self) -> Grant {
+        Grant {
+            pd: self.pd,
+            access: self.access,
+            addr: self.addr,
+            len: self.len,
         }
-        let off = addr.checked_sub(self.addr)?;
-        (off.checked_add(len)? <= self.len).then_some((self.file_offset + off) as usize)
     }
 }
 
@@ -300,11 +300,13 @@ impl QpPage {
         self.map.u32_at(P_PD)
     }
 
+    /// What the page says now, for `admit`.
     #[inline]
-    pub(super) fn serves(&self, need: Access) -> Option<u32> {
-        let state = self.state_word().load(Ordering::Acquire);
-        let access = Access::from_bits(self.access_word().load(Ordering::Acquire));
-        let ok = state_serves(state) && access.contains(need);
-        ok.then(|| self.pd_word().load(Ordering::Acquire))
+    pub(super) fn words(&self) -> PeerQpWords {
+        PeerQpWords {
+            state: self.state_word().load(Ordering::Acquire),
+            access: self.access_word().load(Ordering::Acquire),
+            pd: self.pd_word().load(Ordering::Acquire),
+        }
     }
 }

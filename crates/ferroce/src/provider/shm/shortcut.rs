@@ -32,6 +32,7 @@ use std::sync::Arc;
 use ferroce_proto::attr::MAX_MESSAGE_LEN;
 use ferroce_proto::{Access, SendOp, SendWr, WcOpcode};
 
+use super::admit::{admit_one_sided, Grant, PeerQpWords};
 use super::map::SharedMap;
 use super::{KeyTable, PeerMemory, QpPage};
 use crate::provider::{ContextShared, MrInner, QpShared};
@@ -51,11 +52,8 @@ pub(crate) struct Shortcut {
     local_writable: bool,
     /// The peer's region: where it starts as the peer names it, its length, where our mapping
     /// of it is, its protection domain and rights.
-    remote_addr: u64,
-    remote_len: u64,
+    remote: Grant,
     remote_ptr: *mut u8,
-    remote_pd: u32,
-    remote_access: Access,
     /// Stamps and the words they are read from again on every post.
     removals: u64,
     removals_word: *const AtomicU64,
@@ -111,14 +109,11 @@ impl Shortcut {
             local_len,
             local_ptr,
             local_writable: mr.access.contains(Access::LOCAL_WRITE),
-            remote_addr: remote.region.addr,
-            remote_len: remote.region.len,
+            remote: remote.region.grant(),
             remote_ptr: remote
                 .map
                 .ptr()
                 .wrapping_add(remote.region.file_offset as usize),
-            remote_pd: remote.region.pd,
-            remote_access: remote.region.access,
             removals: local.removals,
             removals_word: shared.mrs.removals_word(),
             revoked: mr.revoked_flag(),
@@ -154,34 +149,34 @@ impl Shortcut {
             || sge.lkey != self.lkey
             || wr.rkey != self.rkey
             || !(writing || self.local_writable)
-            || !self.remote_access.contains(need)
         {
             return None;
         }
         // SAFETY: every pointer points into an object kept alive by `self` or by the QP the
         // sender holding `self` borrows (see the type doc); all are atomics.
-        let fresh = unsafe {
-            (*self.idle).load(Ordering::Acquire)
+        let (fresh, peer_qp) = unsafe {
+            let fresh = (*self.idle).load(Ordering::Acquire)
                 && (*self.linked).load(Ordering::Acquire)
                 && (*self.generation_word).load(Ordering::Acquire) == self.generation
                 && (*self.removals_word).load(Ordering::Acquire) == self.removals
                 && !(*self.revoked).load(Ordering::Acquire)
-                && (*self.seq_word).load(Ordering::Acquire) == self.seq
-                && super::pages::state_serves((*self.peer_state).load(Ordering::Acquire))
-                && Access::from_bits((*self.peer_access).load(Ordering::Acquire)).contains(need)
-                && (*self.peer_pd).load(Ordering::Acquire) == self.remote_pd
+                && (*self.seq_word).load(Ordering::Acquire) == self.seq;
+            let peer_qp = PeerQpWords {
+                state: (*self.peer_state).load(Ordering::Acquire),
+                access: (*self.peer_access).load(Ordering::Acquire),
+                pd: (*self.peer_pd).load(Ordering::Acquire),
+            };
+            (fresh, peer_qp)
         };
         let len = u64::from(sge.length);
         if !fresh || len > MAX_MESSAGE_LEN {
             return None;
         }
         let local_off = sge.addr.checked_sub(self.local_addr)?;
-        let remote_off = wr.remote_addr.checked_sub(self.remote_addr)?;
-        if local_off.checked_add(len)? > self.local_len
-            || remote_off.checked_add(len)? > self.remote_len
-        {
+        if local_off.checked_add(len)? > self.local_len {
             return None;
         }
+        let remote_off = admit_one_sided(peer_qp, &self.remote, need, wr.remote_addr, len)?;
         // Both offsets are within their regions (checked just above), whose mappings `self`
         // keeps.
         let local = self.local_ptr.wrapping_add(local_off as usize);
