@@ -653,3 +653,61 @@ fn write_latency_waiting_like_perftest() {
         assert!(typical > 0.0, "{provider}: {typical}");
     }
 }
+
+/// Issue #28: a user of another uid ran `ferroce perf write_lat` against a server run as root
+/// and got "Transport type : shared memory", reaching root's QP over shared pages. Now the
+/// client, run as `nobody` against a root server, is refused by the kernel-reported uid and
+/// takes RoCE v2 over UDP, where the server's responder checks everything; the run still
+/// verifies every byte, in both directions.
+#[test]
+fn a_client_of_another_uid_gets_udp_not_shared_memory() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !ferroce_test_support::require_root(
+        "a_client_of_another_uid_gets_udp_not_shared_memory",
+        "to run the client as nobody",
+    ) {
+        return;
+    }
+    // nobody needs a copy of the binary it may reach and execute.
+    let dir = std::env::temp_dir().join(format!("ferroce-uid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("ferroce");
+    std::fs::copy(env!("CARGO_BIN_EXE_ferroce"), &exe).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for test in ["write_lat", "read_bw"] {
+        let extra = ["--iters", "300", "--size", "4096", "--verify"];
+        let server = spawn_server(test, &extra, &[]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let client = loop {
+            let out = Command::new(&exe)
+                .args([
+                    "perf",
+                    test,
+                    "127.0.0.1",
+                    "--port",
+                    &server.port.to_string(),
+                ])
+                .args(extra)
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .expect("run the client as nobody");
+            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+            if !refused || Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let server = server.wait_with_output().expect("server exits");
+        assert_ok(test, &server, &client);
+        let out = String::from_utf8_lossy(&client.stdout);
+        assert!(
+            out.contains("Transport type : RoCE v2 over UDP (ferroce)"),
+            "{test} as nobody against root:\n{out}"
+        );
+        assert!(!out.contains("shared memory"), "{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
