@@ -123,13 +123,19 @@ mod ring {
             &self.shared.tail
         }
         fn write_word(&self, at: usize, v: u64) {
-            assert!(at % 8 == 0 && at < self.size, "write outside the ring at {at}");
+            assert!(
+                at % 8 == 0 && at < self.size,
+                "write outside the ring at {at}"
+            );
             // SAFETY: loom checks every access to the cell; a write concurrent with another
             // access fails the model before the pointer is used.
             self.shared.data[at / 8].with_mut(|p| unsafe { *p = v });
         }
         fn read_word(&self, at: usize) -> u64 {
-            assert!(at % 8 == 0 && at < self.size, "read outside the ring at {at}");
+            assert!(
+                at % 8 == 0 && at < self.size,
+                "read outside the ring at {at}"
+            );
             // SAFETY: as in `write_word`.
             self.shared.data[at / 8].with(|p| unsafe { *p })
         }
@@ -168,8 +174,7 @@ mod ring {
 
         fn push(&mut self, pkt: &[u8]) -> Result<bool, RingError> {
             let used = (self.head - self.tail()?) as usize;
-            if pkt.len() > self.ring.max_packet() || self.ring.size - used < self.need(pkt.len())
-            {
+            if pkt.len() > self.ring.max_packet() || self.ring.size - used < self.need(pkt.len()) {
                 return Ok(false);
             }
             let size = self.ring.size;
@@ -280,7 +285,10 @@ mod ring {
         let mut out = [0u8; 16];
         for pkt in packets {
             let n = loop {
-                match consumer.pop(&mut out).expect("an honest producer never lies") {
+                match consumer
+                    .pop(&mut out)
+                    .expect("an honest producer never lies")
+                {
                     Some(n) => break n,
                     None => loom::thread::yield_now(),
                 }
@@ -293,31 +301,41 @@ mod ring {
 
 #[test]
 fn ring_push_and_pop_race_on_no_byte() {
-    explore("ring", RING_PREEMPTIONS, || ring::scenario(ring::RingOrders::SOURCE));
+    explore("ring", RING_PREEMPTIONS, || {
+        ring::scenario(ring::RingOrders::SOURCE)
+    });
 }
 
 /// The consumer could read a record's bytes before the producer's writes of them are visible.
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn ring_with_a_relaxed_head_store_races() {
-    explore("ring_with_a_relaxed_head_store_races", RING_PREEMPTIONS, || {
-        ring::scenario(ring::RingOrders {
-            producer_stores_head: Relaxed,
-            ..ring::RingOrders::SOURCE
-        })
-    });
+    explore(
+        "ring_with_a_relaxed_head_store_races",
+        RING_PREEMPTIONS,
+        || {
+            ring::scenario(ring::RingOrders {
+                producer_stores_head: Relaxed,
+                ..ring::RingOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// As above, from the consumer's side.
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn ring_with_a_relaxed_head_load_races() {
-    explore("ring_with_a_relaxed_head_load_races", RING_PREEMPTIONS, || {
-        ring::scenario(ring::RingOrders {
-            consumer_loads_head: Relaxed,
-            ..ring::RingOrders::SOURCE
-        })
-    });
+    explore(
+        "ring_with_a_relaxed_head_load_races",
+        RING_PREEMPTIONS,
+        || {
+            ring::scenario(ring::RingOrders {
+                consumer_loads_head: Relaxed,
+                ..ring::RingOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// The producer could overwrite the first record (the third packet reuses its bytes) while the
@@ -325,24 +343,32 @@ fn ring_with_a_relaxed_head_load_races() {
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn ring_with_a_relaxed_tail_store_races() {
-    explore("ring_with_a_relaxed_tail_store_races", RING_PREEMPTIONS, || {
-        ring::scenario(ring::RingOrders {
-            consumer_stores_tail: Relaxed,
-            ..ring::RingOrders::SOURCE
-        })
-    });
+    explore(
+        "ring_with_a_relaxed_tail_store_races",
+        RING_PREEMPTIONS,
+        || {
+            ring::scenario(ring::RingOrders {
+                consumer_stores_tail: Relaxed,
+                ..ring::RingOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// As above, from the producer's side.
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn ring_with_a_relaxed_tail_load_races() {
-    explore("ring_with_a_relaxed_tail_load_races", RING_PREEMPTIONS, || {
-        ring::scenario(ring::RingOrders {
-            producer_loads_tail: Relaxed,
-            ..ring::RingOrders::SOURCE
-        })
-    });
+    explore(
+        "ring_with_a_relaxed_tail_load_races",
+        RING_PREEMPTIONS,
+        || {
+            ring::scenario(ring::RingOrders {
+                producer_loads_tail: Relaxed,
+                ..ring::RingOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// The key table's seqlock: `crates/ferroce/src/provider/shm/pages.rs`, `KeyTable::publish`
@@ -497,43 +523,57 @@ mod seqlock {
 
 #[test]
 fn seqlock_lookup_never_returns_a_torn_slot() {
-    explore("seqlock", SEQLOCK_PREEMPTIONS, || seqlock::scenario(seqlock::SeqOrders::SOURCE));
+    explore("seqlock", SEQLOCK_PREEMPTIONS, || {
+        seqlock::scenario(seqlock::SeqOrders::SOURCE)
+    });
 }
 
 /// Without the fence a reader can see a field of B and still the sequence number before it.
 #[test]
 #[should_panic(expected = "torn slot")]
 fn seqlock_without_the_readers_fence_tears() {
-    explore("seqlock_without_the_readers_fence_tears", SEQLOCK_PREEMPTIONS, || {
-        seqlock::scenario(seqlock::SeqOrders {
-            reader_fence: None,
-            ..seqlock::SeqOrders::SOURCE
-        })
-    });
+    explore(
+        "seqlock_without_the_readers_fence_tears",
+        SEQLOCK_PREEMPTIONS,
+        || {
+            seqlock::scenario(seqlock::SeqOrders {
+                reader_fence: None,
+                ..seqlock::SeqOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// Without the fence the odd sequence number need not be visible before the fields change.
 #[test]
 #[should_panic(expected = "torn slot")]
 fn seqlock_without_the_writers_fence_tears() {
-    explore("seqlock_without_the_writers_fence_tears", SEQLOCK_PREEMPTIONS, || {
-        seqlock::scenario(seqlock::SeqOrders {
-            writer_fence: None,
-            ..seqlock::SeqOrders::SOURCE
-        })
-    });
+    explore(
+        "seqlock_without_the_writers_fence_tears",
+        SEQLOCK_PREEMPTIONS,
+        || {
+            seqlock::scenario(seqlock::SeqOrders {
+                writer_fence: None,
+                ..seqlock::SeqOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// A reader can see the new even sequence number and old fields.
 #[test]
 #[should_panic(expected = "torn slot")]
 fn seqlock_with_a_relaxed_final_store_tears() {
-    explore("seqlock_with_a_relaxed_final_store_tears", SEQLOCK_PREEMPTIONS, || {
-        seqlock::scenario(seqlock::SeqOrders {
-            writer_final_store: Relaxed,
-            ..seqlock::SeqOrders::SOURCE
-        })
-    });
+    explore(
+        "seqlock_with_a_relaxed_final_store_tears",
+        SEQLOCK_PREEMPTIONS,
+        || {
+            seqlock::scenario(seqlock::SeqOrders {
+                writer_final_store: Relaxed,
+                ..seqlock::SeqOrders::SOURCE
+            })
+        },
+    );
 }
 
 /// Data, then a flag, through `MemoryRegion::write` and `MemoryRegion::read`
@@ -619,14 +659,20 @@ mod flag {
         while region.read_flag() != 1 {
             loom::thread::yield_now();
         }
-        assert_eq!(region.read_data(), [11, 22], "the flag came before its data");
+        assert_eq!(
+            region.read_data(),
+            [11, 22],
+            "the flag came before its data"
+        );
         writer.join().unwrap();
     }
 }
 
 #[test]
 fn flag_after_data_orders_the_data() {
-    explore("flag", FLAG_PREEMPTIONS, || flag::scenario(Some((Release, Acquire))));
+    explore("flag", FLAG_PREEMPTIONS, || {
+        flag::scenario(Some((Release, Acquire)))
+    });
 }
 
 /// Today's `compiler_fence`s: the poller can see the flag and read the data racing with its
@@ -634,7 +680,9 @@ fn flag_after_data_orders_the_data() {
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn flag_with_compiler_fences_only_races() {
-    explore("flag_with_compiler_fences_only_races", FLAG_PREEMPTIONS, || {
-        flag::scenario(None)
-    });
+    explore(
+        "flag_with_compiler_fences_only_races",
+        FLAG_PREEMPTIONS,
+        || flag::scenario(None),
+    );
 }
