@@ -577,14 +577,14 @@ fn seqlock_with_a_relaxed_final_store_tears() {
 }
 
 /// Data, then a flag, through `MemoryRegion::write` and `MemoryRegion::read`
-/// (`crates/ferroce/src/verbs/mr.rs`, lines 700-713 and 718-729 as of commit 560e1f0) as they
-/// are once `write` ends with `fence(Release)` after its copy and `read` starts with
-/// `fence(Acquire)` before its copy (today both are `compiler_fence`s, which order nothing
-/// between threads: [`flag_with_compiler_fences_only_races`] shows the race that leaves).
-/// Writing data then a flag with two `write`s puts the first call's release fence between
-/// them; polling the flag with `read`s and then reading the data puts the data `read`'s
-/// acquire fence between the flag's load and the data's. That is the protocol of perftest's
-/// latency loops and of any poller in the writer's process.
+/// (`crates/ferroce/src/verbs/mr.rs`, `read` and `write`): `write` starts with
+/// `fence(Release)` before its copy and `read` ends with `fence(Acquire)` after its copy
+/// (before issue #28 both had `compiler_fence`s only, which order nothing between threads:
+/// [`flag_with_compiler_fences_only_races`] shows the race that left). Writing data then a flag
+/// with two `write`s puts the flag's release fence between them; polling the flag with `read`s
+/// and then reading the data puts the flag `read`'s acquire fence between the flag's load and
+/// the data's. That is the protocol of perftest's latency loops and of any poller in the
+/// writer's process. A direct WRITE (`shm::direct::move_one_sided`) fences as `write` does.
 ///
 /// The data is two words of plain memory (`UnsafeCell`); the flag is an aligned 8-byte word,
 /// which `copy_bytes` moves with one load or store: the model makes it a relaxed atomic (as
@@ -604,41 +604,43 @@ mod flag {
     }
 
     impl Region {
-        /// `MemoryRegion::write` of the data: the copy, then the fence.
+        /// `MemoryRegion::write` of the data: the fence, then the copy.
         fn write_data(&self, v: [u64; 2]) {
+            if let Some((release, _)) = self.fences {
+                fence(release);
+            }
             for (cell, v) in self.data.iter().zip(v) {
                 // SAFETY: loom checks every access to the cell and fails the model on a
                 // concurrent one before the pointer is used.
                 cell.with_mut(|p| unsafe { *p = v });
             }
-            if let Some((release, _)) = self.fences {
-                fence(release);
-            }
         }
 
-        /// `MemoryRegion::write` of the flag.
+        /// `MemoryRegion::write` of the flag: the fence, then the store.
         fn write_flag(&self, v: u64) {
-            self.flag.store(v, Relaxed);
             if let Some((release, _)) = self.fences {
                 fence(release);
             }
+            self.flag.store(v, Relaxed);
         }
 
-        /// `MemoryRegion::read` of the flag: the fence, then the copy.
+        /// `MemoryRegion::read` of the flag: the load, then the fence.
         fn read_flag(&self) -> u64 {
+            let v = self.flag.load(Relaxed);
             if let Some((_, acquire)) = self.fences {
                 fence(acquire);
             }
-            self.flag.load(Relaxed)
+            v
         }
 
-        /// `MemoryRegion::read` of the data.
+        /// `MemoryRegion::read` of the data: the copy, then the fence.
         fn read_data(&self) -> [u64; 2] {
+            // SAFETY: as in `write_data`.
+            let v = [0, 1].map(|i| self.data[i].with(|p| unsafe { *p }));
             if let Some((_, acquire)) = self.fences {
                 fence(acquire);
             }
-            // SAFETY: as in `write_data`.
-            [0, 1].map(|i| self.data[i].with(|p| unsafe { *p }))
+            v
         }
     }
 
@@ -675,8 +677,8 @@ fn flag_after_data_orders_the_data() {
     });
 }
 
-/// Today's `compiler_fence`s: the poller can see the flag and read the data racing with its
-/// write.
+/// Compiler fences only (the code before issue #28): the poller can see the flag and read the
+/// data racing with its write.
 #[test]
 #[should_panic(expected = "Causality violation")]
 fn flag_with_compiler_fences_only_races() {

@@ -151,8 +151,8 @@ pub(crate) struct ShmHost {
     pub(crate) links_refused: AtomicU64,
 }
 
-/// Most connections that may wait for their QP at once: beyond it new ones are refused (their
-/// QPs use UDP).
+/// Most connections that may wait for their QP at once (connections that linked a QP do not
+/// count): beyond it new ones are refused (their QPs use UDP).
 pub(super) const MAX_WAITING: usize = 256;
 /// How long a connection may stay without sending its request.
 pub(super) const REQUEST_DEADLINE_NS: u64 = 2_000_000_000;
@@ -449,8 +449,11 @@ impl ShmHost {
             ev.did = true;
             // SAFETY: a fresh descriptor from accept4.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // Only connections that linked nothing yet count against the bound: a context may
+            // have any number of linked QPs.
+            let waiting = inc.iter().filter(|i| i.linked.is_none()).count();
             match peer_cred(fd.as_raw_fd()) {
-                Ok(cred) if self.policy.admits(&cred) && inc.len() < MAX_WAITING => {
+                Ok(cred) if self.policy.admits(&cred) && waiting < MAX_WAITING => {
                     inc.push(Incoming {
                         fd,
                         cred,
