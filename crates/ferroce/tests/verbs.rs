@@ -1136,7 +1136,7 @@ fn forked_child(target: &Pages, original: &[u8], parents: u64, rx: i32, tx: i32)
     {
         return 5;
     }
-    if inode_at(target.addr(0)).is_none_or(|i| i == parents) {
+    if !inode_at(target.addr(0)).is_some_and(|i| i != parents) {
         return 6;
     }
     // The region holds the child's bytes, not the parent's (which the peer's WRITE changed).
