@@ -956,6 +956,417 @@ fn fork_gives_the_child_private_copies_of_adopted_pages() {
     assert!(target.read(0, 2 * PAGE) == model);
 }
 
+/// The inode `/proc/self/maps` names for the mapping holding `addr` (0 for anonymous memory).
+fn inode_at(addr: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (a, b) = f.next()?.split_once('-')?;
+        let (a, b) = (
+            u64::from_str_radix(a, 16).ok()?,
+            u64::from_str_radix(b, 16).ok()?,
+        );
+        (a <= addr && addr < b).then(|| f.nth(3)?.parse().ok())?
+    })
+}
+
+/// Names the scenario a re-executed copy of this binary runs (see [`in_a_fresh_process`]).
+const SCENARIO_ENV: &str = "FERROCE_VERBS_SCENARIO";
+
+/// Runs the test `name` alone in a fresh copy of this binary, with [`SCENARIO_ENV`] naming it
+/// (without it, that test returns at once). For scenarios that `fork` and do more in the child
+/// than copy bytes: forking this process would give the child whatever lock one of the other
+/// tests' threads held at that moment, held forever.
+fn in_a_fresh_process(name: &str) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(SCENARIO_ENV, name)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + 3 * T;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name}: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+/// A child forked after the parent adopted pages, registering those same addresses, gets pages
+/// of its own: a fresh memfd holding the child's bytes, not the parent's (the child's registry
+/// starts empty). A peer's WRITE into the parent's region does not show in the child's region,
+/// and the child's writes through its region reach the child's pointers, not the parent's.
+#[test]
+fn a_forked_child_registering_adopted_addresses_gets_its_own_pages() {
+    in_a_fresh_process("scenario_forked_child_registers_adopted_addresses");
+}
+
+/// The scenario of [`a_forked_child_registering_adopted_addresses_gets_its_own_pages`].
+#[test]
+fn scenario_forked_child_registers_adopted_addresses() {
+    if std::env::var(SCENARIO_ENV).as_deref()
+        != Ok("scenario_forked_child_registers_adopted_addresses")
+    {
+        return;
+    }
+    let (a, b, qa, _qb) = adopting_pair();
+    let len = 2 * PAGE;
+    let target = Pages::new(len);
+    let original = pattern(20, len);
+    target.write(0, &original);
+    let mr = target.register(&b, 0, len, Access::ALL);
+    assert!(mapping_of_pages(target.addr(0), len)
+        .iter()
+        .all(|m| adopted(m)));
+    let parents = inode_at(target.addr(0)).unwrap();
+    let (mut to_child, mut to_parent) = ([0i32; 2], [0i32; 2]);
+    // SAFETY: two-element arrays, as pipe(2) fills in.
+    assert_eq!(unsafe { libc::pipe(to_child.as_mut_ptr()) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::pipe(to_parent.as_mut_ptr()) }, 0);
+    // SAFETY: this process runs this test alone (see `in_a_fresh_process`); the child opens
+    // its own context and leaves with `_exit`, never touching the parent's contexts.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = forked_child(&target, &original, parents, to_child[0], to_parent[1]);
+        // SAFETY: ends the child without running the destructors of the parent's objects.
+        unsafe { libc::_exit(code) };
+    }
+    // The parent: a peer WRITEs its region while the child holds its copy.
+    let local = Pages::new(len);
+    let lmr = local.register(&a, 0, len, Access::ALL);
+    let data = pattern(21, 512);
+    local.write(0, &data);
+    run(
+        &a,
+        &qa,
+        SendWr::new(1, SendOp::Write, vec![lmr.sge(0, 512).unwrap()])
+            .remote(target.addr(PAGE + 8), mr.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    let mut model = original.clone();
+    model[PAGE + 8..PAGE + 520].copy_from_slice(&data);
+    assert!(
+        target.read(0, len) == model,
+        "the peer's WRITE did not land"
+    );
+    // SAFETY: one byte from a live buffer into the pipe made above.
+    assert_eq!(
+        unsafe { libc::write(to_child[1], [1u8].as_ptr().cast(), 1) },
+        1
+    );
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child's check {} failed",
+        libc::WEXITSTATUS(status)
+    );
+    // The child's writes through its own region did not reach the parent.
+    assert!(
+        target.read(0, len) == model,
+        "the child's region wrote the parent's pages"
+    );
+    local.write(0, &vec![0xEE; len]);
+    run(
+        &a,
+        &qa,
+        SendWr::new(2, SendOp::Read, vec![lmr.sge(0, len).unwrap()])
+            .remote(target.addr(0), mr.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaRead),
+    );
+    assert!(local.read(0, len) == model, "READ of the parent's region");
+    drop(mr);
+    assert!(target.read(0, len) == model);
+}
+
+/// The forked child's side of `scenario_forked_child_registers_adopted_addresses`: returns 0,
+/// or the number of the check that failed (no panics: this is a forked child).
+fn forked_child(target: &Pages, original: &[u8], parents: u64, rx: i32, tx: i32) -> i32 {
+    let len = original.len();
+    let mut byte = [0u8];
+    // SAFETY: one byte into a live buffer from the pipe made before the fork.
+    if unsafe { libc::read(rx, byte.as_mut_ptr().cast(), 1) } != 1 {
+        return 1;
+    }
+    // The parent's peer WRITE has landed (in the parent's pages only).
+    if target.read(0, len) != original {
+        return 2;
+    }
+    let Ok(dev) = device_by_name("lo") else {
+        return 3;
+    };
+    let Ok(ctx) = dev.open(&ContextOptions {
+        provider: Provider::Shm,
+        adopt_registered_pages: true,
+        capture: None,
+        ..ContextOptions::with_port(0)
+    }) else {
+        return 3;
+    };
+    let Ok(pd) = ctx.alloc_pd() else {
+        return 3;
+    };
+    // SAFETY: the child's copy of the allocation, which outlives the region (the child ends
+    // with `_exit`), reached only through raw copies.
+    let Ok(mr) = (unsafe { pd.register_raw(target.at(0), len, Access::ALL) }) else {
+        return 4;
+    };
+    // The child's registration adopted the child's pages: a memfd of its own.
+    if !mapping_of_pages(target.addr(0), len)
+        .iter()
+        .all(|m| adopted(m))
+    {
+        return 5;
+    }
+    if !inode_at(target.addr(0)).is_some_and(|i| i != parents) {
+        return 6;
+    }
+    // The region holds the child's bytes, not the parent's (which the peer's WRITE changed).
+    let mut got = vec![0u8; len];
+    if mr.read(0, &mut got).is_err() || got != original {
+        return 7;
+    }
+    // Writes through the region reach the child's pointers (and so not the parent's pages,
+    // which the parent checks).
+    let mine = pattern(22, len);
+    if mr.write(0, &mine).is_err() || target.read(0, len) != mine {
+        return 8;
+    }
+    drop(mr);
+    if target.read(0, len) != mine {
+        return 9;
+    }
+    // SAFETY: one byte from a live buffer into the pipe made before the fork.
+    let _ = unsafe { libc::write(tx, byte.as_ptr().cast(), 1) };
+    0
+}
+
+/// `fork` after the program unmapped adopted pages without deregistering and put an
+/// inaccessible mapping at that address: the fork handlers leave the stale adoption alone
+/// (copying it would fault and kill the process; mapping the copy in the child would cover
+/// the program's mapping), and the child sees the program's mapping, not a copy.
+#[test]
+fn fork_after_adopted_pages_were_unmapped_leaves_them_alone() {
+    in_a_fresh_process("scenario_fork_after_adopted_pages_were_unmapped");
+}
+
+/// The scenario of [`fork_after_adopted_pages_were_unmapped_leaves_them_alone`].
+#[test]
+fn scenario_fork_after_adopted_pages_were_unmapped() {
+    if std::env::var(SCENARIO_ENV).as_deref()
+        != Ok("scenario_fork_after_adopted_pages_were_unmapped")
+    {
+        return;
+    }
+    let (_a, b, _qa, _qb) = adopting_pair();
+    let len = 2 * PAGE;
+    // SAFETY: a fresh private anonymous mapping; checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let ptr = std::ptr::NonNull::new(p.cast::<u8>()).unwrap();
+    // SAFETY: reached only by raw copies (none); unmapped below while the region lives, the
+    // program error under test.
+    let old = unsafe { b.pd.register_raw(ptr, len, Access::ALL) }.unwrap();
+    assert!(mapping_of_pages(p as u64, len).iter().all(|m| adopted(m)));
+    // SAFETY: the mapping made above.
+    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    // SAFETY: an inaccessible mapping where the buffer was (fails rather than replace).
+    let guard = unsafe {
+        libc::mmap(
+            p,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(guard, p);
+    let perms_at = |addr: u64| {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                let (a, b) = f.next()?.split_once('-')?;
+                let (a, b) = (
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                );
+                (a <= addr && addr < b).then(|| f.next().map(str::to_owned))?
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(perms_at(p as u64), "---p");
+    // SAFETY: this process runs this test alone (see `in_a_fresh_process`); the child only
+    // reads /proc/self/maps and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = if perms_at(p as u64) == "---p" && perms_at(p as u64 + PAGE as u64) == "---p" {
+            0
+        } else {
+            2
+        };
+        // SAFETY: ends the child without running the destructors of the parent's objects.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child's mapping was replaced"
+    );
+    // The parent's mapping too is the program's, and dropping the old region leaves it alone.
+    assert_eq!(perms_at(p as u64), "---p");
+    drop(old);
+    assert_eq!(perms_at(p as u64), "---p");
+    // SAFETY: the guard mapping made above.
+    unsafe { libc::munmap(p, len) };
+}
+
+/// A buffer the program unmapped without deregistering, and a new one mapped at the same
+/// address: registering the new one adopts its pages afresh instead of reusing the stale
+/// adoption (whose memfd the new buffer does not map). A peer READs the new buffer's bytes, a
+/// WRITE under the old region's key does not reach them, and dropping the old region leaves
+/// the new one's pages alone.
+#[test]
+fn a_buffer_unmapped_without_deregistration_is_not_reused() {
+    let (a, b, qa, _qb) = adopting_pair();
+    let len = 2 * PAGE;
+    let map_at = |at: *mut libc::c_void, flags: libc::c_int| {
+        // SAFETY: a fresh private anonymous mapping (at `at` only with MAP_FIXED_NOREPLACE,
+        // which fails rather than replace anything); checked, unmapped at the end.
+        let p = unsafe {
+            libc::mmap(
+                at,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        p
+    };
+    let store = |p: *mut libc::c_void, data: &[u8]| {
+        // SAFETY: inside the `len`-byte mapping at `p`.
+        unsafe { std::ptr::copy(data.as_ptr(), p.cast::<u8>(), data.len()) };
+    };
+    let load = |p: *mut libc::c_void| {
+        let mut v = vec![0u8; len];
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: inside the `len`-byte mapping at `p`.
+        unsafe { std::ptr::copy(p.cast::<u8>(), v.as_mut_ptr(), len) };
+        v
+    };
+    let p = map_at(std::ptr::null_mut(), 0);
+    let ptr = std::ptr::NonNull::new(p.cast::<u8>()).unwrap();
+    store(p, &pattern(30, len));
+    // SAFETY: the mapping is reached only by raw copies; it is unmapped below while the region
+    // lives, which is the program error under test (the region is never used to reach it).
+    let old = unsafe { b.pd.register_raw(ptr, len, Access::ALL) }.unwrap();
+    assert!(mapping_of_pages(p as u64, len).iter().all(|m| adopted(m)));
+    let old_inode = inode_at(p as u64).unwrap();
+
+    // The program frees the buffer without deregistering, and gets a new one at that address.
+    // SAFETY: the mapping made above (now the old region's adopted pages).
+    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    assert_eq!(map_at(p, libc::MAP_FIXED_NOREPLACE), p);
+    let fresh = pattern(31, len);
+    store(p, &fresh);
+    // SAFETY: the new mapping outlives the region and is reached only by raw copies.
+    let new = unsafe { b.pd.register_raw(ptr, len, Access::ALL) }.unwrap();
+    assert!(mapping_of_pages(p as u64, len).iter().all(|m| adopted(m)));
+    assert_ne!(
+        inode_at(p as u64),
+        Some(old_inode),
+        "the stale memfd was reused"
+    );
+    assert!(
+        load(p) == fresh,
+        "registration changed the new buffer's bytes"
+    );
+
+    // A peer READs the new buffer's bytes, directly.
+    let local = Pages::new(len);
+    let lmr = local.register(&a, 0, len, Access::ALL);
+    let read_new = |id: u64| {
+        local.write(0, &vec![0xEE; len]);
+        run(
+            &a,
+            &qa,
+            SendWr::new(id, SendOp::Read, vec![lmr.sge(0, len).unwrap()])
+                .remote(p as u64, new.rkey()),
+            (WcStatus::Success, WcOpcode::RdmaRead),
+        );
+        local.read(0, len)
+    };
+    let d0 = direct_ops(&a);
+    assert!(read_new(1) == fresh, "READ: not the new buffer's bytes");
+    assert_eq!(direct_ops(&a), d0 + 1, "the READ was not done directly");
+
+    // A WRITE under the old key completes (the old region is still registered, its memfd still
+    // exists) but lands in the old pages, not in the new buffer.
+    local.write(0, &[0x5A; 256]);
+    run(
+        &a,
+        &qa,
+        SendWr::new(2, SendOp::Write, vec![lmr.sge(0, 256).unwrap()])
+            .remote(p as u64 + 100, old.rkey()),
+        (WcStatus::Success, WcOpcode::RdmaWrite),
+    );
+    assert!(load(p) == fresh, "the old key reached the new buffer");
+    assert!(read_new(3) == fresh, "the old key reached the new region");
+
+    // The program's stores are what the peer sees.
+    let mine = pattern(32, len);
+    store(p, &mine);
+    assert!(read_new(4) == mine, "READ after the program's stores");
+
+    // Dropping the old region leaves the new one's pages alone.
+    drop(old);
+    assert!(mapping_of_pages(p as u64, len).iter().all(|m| adopted(m)));
+    assert!(load(p) == mine);
+    assert!(read_new(5) == mine, "READ after the old region's drop");
+    drop(new);
+    assert!(!mapping_of_pages(p as u64, len).iter().any(|m| adopted(m)));
+    assert!(load(p) == mine, "deregistration changed the bytes");
+    drop(lmr);
+    // SAFETY: the mapping made above; nothing uses it any more.
+    unsafe { libc::munmap(p, len) };
+}
+
 /// Memory that is not private and anonymous (here shared anonymous memory, whose sharing the
 /// program may rely on) keeps its pages: requests on it take the packet path, as right.
 #[test]

@@ -35,7 +35,22 @@
 //! view of its memory does not change, so there is nothing for such a hook to hear.
 //!
 //! `fork` keeps its meaning: a child gets private copies of adopted pages (a `pthread_atfork`
-//! handler), instead of sharing them with the parent as `MAP_SHARED` would.
+//! handler), instead of sharing them with the parent as `MAP_SHARED` would. The child starts
+//! with an empty registry: the parent's adoptions are memfds the parent's peers reach, so a
+//! registration in the child that found one would give the child's region the parent's pages
+//! (the child's writes through it landing in the parent, the parent's peers' in the child's
+//! region). The child's handler only sets them aside, since it may not free memory; the next
+//! use of the registry drops them (the child's private copies stay where they are).
+//!
+//! # Revalidation
+//! The registry remembers address ranges, and a program may unmap adopted pages without
+//! deregistering (free a buffer, then register a new one the allocator put at that address).
+//! So an adoption is reused for a new registration only if `/proc/self/maps` (read anyway, once
+//! per registration) shows the range still mapping its memfd — same device, inode and offsets;
+//! one that does not is dropped from the registry and the new pages are adopted afresh. The
+//! region registered over the old pages keeps its own mapping of the old memfd, so its key
+//! reaches those, never the new buffer. The fork handler checks the same before copying pages
+//! (an unmapped range would fault; a copy mapped in the child would cover the new buffer).
 //!
 //! # What the program must not do
 //! Store into the adopted pages from another thread *while* `ibv_reg_mr` or `ibv_dereg_mr`
@@ -58,6 +73,10 @@ struct Entry {
     start: usize,
     len: usize,
     alias: Arc<SharedMap>,
+    /// The memfd's device (major, minor) and inode, as `/proc/self/maps` shows them: what
+    /// tells the range still maps it (see the module doc).
+    dev: (u32, u32),
+    inode: u64,
     /// Regions registered over these pages.
     users: usize,
     /// A private copy of the pages taken as the process forks (0 otherwise): see the fork
@@ -65,19 +84,40 @@ struct Entry {
     snapshot: usize,
 }
 
+impl Entry {
+    /// Whether `start..end` (inside the entry's range) maps the entry's memfd, read-write and
+    /// shared, each page at its own offset: whether the program still has the pages adopted
+    /// there, or unmapped or replaced them since (see the module doc).
+    fn maps_alias(&self, vmas: &[Vma], start: usize, end: usize) -> bool {
+        covered(vmas, start, end, |v| {
+            let from = v.start.max(start);
+            &v.perms == b"rw-s"
+                && v.dev == self.dev
+                && v.inode == self.inode
+                && v.offset.checked_add((from - v.start) as u64) == Some((from - self.start) as u64)
+        })
+    }
+}
+
 /// The adoptions of the process, under a lock the `fork` handlers can hold across `fork`.
 struct Registry {
     busy: AtomicBool,
     entries: UnsafeCell<Vec<Entry>>,
+    /// In a forked child, the parent's entries, set aside by the child's handler (which must
+    /// not free memory) until the next use of the registry drops them. Always empty in a
+    /// process that never forked, and at every fork (the prepare handler empties it).
+    inherited: UnsafeCell<Vec<Entry>>,
 }
 
-// SAFETY: `entries` is only reached through `with`, which holds `busy` (a spin lock) for the
-// whole access, or by the fork handlers, which hold it from `prepare` to `parent`/`child`.
+// SAFETY: `entries` and `inherited` are only reached through `with`, which holds `busy` (a spin
+// lock) for the whole access, or by the fork handlers, which hold it from `prepare` to
+// `parent`/`child`.
 unsafe impl Sync for Registry {}
 
 static REGISTRY: Registry = Registry {
     busy: AtomicBool::new(false),
     entries: UnsafeCell::new(Vec::new()),
+    inherited: UnsafeCell::new(Vec::new()),
 };
 
 impl Registry {
@@ -97,17 +137,39 @@ impl Registry {
 
     fn with<R>(&self, f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
         self.lock();
+        // SAFETY: `busy` is held, so this is the only reference to the inherited entries.
+        let inherited = std::mem::take(unsafe { &mut *self.inherited.get() });
         // SAFETY: `busy` is held, so this is the only reference to the entries.
         let r = f(unsafe { &mut *self.entries.get() });
         self.unlock();
+        // The parent's adoptions, in a forked child: dropping them unmaps the child's mappings
+        // of the parent's memfds (unless a region inherited from the parent holds one) and
+        // nothing else — the child's private copies of the pages are the child's memory.
+        drop(inherited);
         r
     }
 }
 
 extern "C" fn fork_prepare() {
     REGISTRY.lock();
-    // SAFETY: the lock is held (until `parent` or `child`), so this is the only reference.
-    let entries = unsafe { &mut *REGISTRY.entries.get() };
+    // SAFETY: the lock is held (until `parent` or `child`), so these are the only references.
+    let (entries, inherited) =
+        unsafe { (&mut *REGISTRY.entries.get(), &mut *REGISTRY.inherited.get()) };
+    // Freeing is allowed here (before the fork), not in the child's handler: so that handler
+    // finds `inherited` empty and can swap the entries into it without freeing anything.
+    drop(std::mem::take(inherited));
+    if let (Some(lo), Some(hi)) = (
+        entries.iter().map(|e| e.start).min(),
+        entries.iter().map(|e| e.start + e.len).max(),
+    ) {
+        // Adoptions whose pages the program unmapped or replaced without deregistering are
+        // dropped (see the module doc): copying them could fault, and their copy mapped in the
+        // child would cover whatever the program maps there now. If the maps cannot be read,
+        // the entries are trusted, as before there was a check.
+        if let Ok(vmas) = vmas_over(lo, hi) {
+            entries.retain(|e| e.maps_alias(&vmas, e.start, e.start + e.len));
+        }
+    }
     for e in entries.iter_mut() {
         // The bytes as they are at the fork, in private memory the child inherits: the child's
         // handler maps them over the range. (Copied in the child instead, they would include
@@ -169,6 +231,11 @@ extern "C" fn fork_child() {
             let _ = unsafe { replace_with_private_copy(e.start, e.len) };
         }
     }
+    // The child's registry starts empty (see the module doc). `inherited` is empty (`prepare`
+    // emptied it), so the swap frees nothing: dropping the entries waits for the next use of
+    // the registry, where freeing is allowed.
+    // SAFETY: as above, the lock taken by `prepare` is held.
+    std::mem::swap(entries, unsafe { &mut *REGISTRY.inherited.get() });
     REGISTRY.unlock();
 }
 
@@ -238,8 +305,21 @@ struct Vma {
     end: usize,
     perms: [u8; 4],
     offset: u64,
+    /// Major and minor device numbers.
+    dev: (u32, u32),
     inode: u64,
     path: String,
+}
+
+/// The device and inode of an open file, as `/proc/self/maps` shows them for its mappings.
+fn dev_inode(fd: libc::c_int) -> Option<((u32, u32), u64)> {
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct fstat fills in.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live, writable stat buffer; the result is checked.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some(((libc::major(st.st_dev), libc::minor(st.st_dev)), st.st_ino))
 }
 
 fn vmas_over(start: usize, end: usize) -> io::Result<Vec<Vma>> {
@@ -247,7 +327,7 @@ fn vmas_over(start: usize, end: usize) -> io::Result<Vec<Vma>> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut f = line.split_ascii_whitespace();
-        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(inode)) =
+        let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) =
             (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
@@ -265,11 +345,21 @@ fn vmas_over(start: usize, end: usize) -> io::Result<Vec<Vma>> {
         if p.len() < 4 {
             continue;
         }
+        let dev = dev
+            .split_once(':')
+            .and_then(|(a, b)| {
+                Some((
+                    u32::from_str_radix(a, 16).ok()?,
+                    u32::from_str_radix(b, 16).ok()?,
+                ))
+            })
+            .unwrap_or((u32::MAX, u32::MAX));
         out.push(Vma {
             start: a,
             end: b,
             perms: [p[0], p[1], p[2], p[3]],
             offset: u64::from_str_radix(offset, 16).unwrap_or(u64::MAX),
+            dev,
             inode: inode.parse().unwrap_or(u64::MAX),
             path: f.collect::<Vec<_>>().join(" "),
         });
@@ -369,20 +459,29 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
     );
     let private_anonymous =
         |v: &Vma| &v.perms == b"rw-p" && v.inode == 0 && (v.path.is_empty() || v.path == "[heap]");
-    let whole = vmas_over(floor, ceil).ok()?;
-    if whole.first().is_some_and(|v| v.start >= floor)
-        && whole.last().is_some_and(|v| v.end <= ceil)
-        && covered(&whole, floor, ceil, private_anonymous)
-    {
-        // The mappings lie wholly inside the range's pages: the partial pages hold nothing
-        // of anybody else's (see the module doc).
-        (first, end) = (floor, ceil);
-    }
-    if end <= first {
-        return None;
-    }
     install_fork_handlers();
     REGISTRY.with(|entries| {
+        // Read under the lock: the registry's entries must agree with what is read (another
+        // thread's adoption of these pages maps a memfd over them).
+        let whole = vmas_over(floor, ceil).ok()?;
+        if whole.first().is_some_and(|v| v.start >= floor)
+            && whole.last().is_some_and(|v| v.end <= ceil)
+            && covered(&whole, floor, ceil, private_anonymous)
+        {
+            // The mappings lie wholly inside the range's pages: the partial pages hold nothing
+            // of anybody else's (see the module doc).
+            (first, end) = (floor, ceil);
+        }
+        if end <= first {
+            return None;
+        }
+        // An adoption over these pages is only still one if they map its memfd: the program
+        // may have unmapped them without deregistering and mapped a new buffer there (see the
+        // module doc). A stale one is forgotten; its regions keep their own mapping of it.
+        entries.retain(|e| {
+            let (s, t) = (e.start.max(first), (e.start + e.len).min(end));
+            s >= t || e.maps_alias(&whole, s, t)
+        });
         if let Some(e) = entries
             .iter_mut()
             .find(|e| e.start <= first && end <= e.start + e.len)
@@ -408,6 +507,7 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
         }
         let n = end - first;
         let alias = SharedMap::create("ferroce-adopted", n).ok()?;
+        let (dev, inode) = dev_inode(alias.fd())?;
         // SAFETY: `first..end` lies in the caller's registered range (valid, see the contract);
         // the alias is a fresh mapping of `n` bytes.
         unsafe { std::ptr::copy_nonoverlapping(first as *const u8, alias.ptr(), n) };
@@ -429,6 +529,8 @@ pub(crate) unsafe fn adopt(ptr: *mut u8, len: usize) -> Option<AdoptedPages> {
         entries.push(Entry {
             start: first,
             len: n,
+            dev,
+            inode,
             alias: alias.clone(),
             users: 1,
             snapshot: 0,
@@ -458,15 +560,7 @@ pub(crate) fn release(pages: &AdoptedPages) {
         }
         let e = entries.swap_remove(i);
         let (start, end) = (e.start, e.start + e.len);
-        let inode = e.alias.inode();
-        let still_ours = vmas_over(start, end).is_ok_and(|vmas| {
-            covered(&vmas, start, end, |v| {
-                &v.perms[..3] == b"rw-"
-                    && v.perms[3] == b's'
-                    && v.inode == inode
-                    && v.offset == (v.start.max(start) - start) as u64
-            })
-        });
+        let still_ours = vmas_over(start, end).is_ok_and(|vmas| e.maps_alias(&vmas, start, end));
         if still_ours {
             // SAFETY: the range maps the memfd (checked just above), whose pages nothing in
             // the program tells apart from private ones.
