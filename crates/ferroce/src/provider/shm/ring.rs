@@ -387,7 +387,11 @@ mod tests {
         poke(&mut o, 1, p);
         let mut prod = r.producer().unwrap();
         assert_eq!(prod.push(&[]), Err(RingError), "a record past 2^64");
-        assert_eq!(prod.push(&[1; 64]), Err(RingError), "a 64-byte record past 2^64");
+        assert_eq!(
+            prod.push(&[1; 64]),
+            Err(RingError),
+            "a 64-byte record past 2^64"
+        );
         assert_eq!(o.words[0], p, "the head word is left alone");
         assert!(o.words[2..].iter().all(|&w| w == 0), "nothing written");
     }
