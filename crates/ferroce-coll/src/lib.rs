@@ -24,6 +24,9 @@
 //! `memcpy`). f16 and bf16 are computed in f32 and rounded back, as NCCL does.
 
 mod comm;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod ops;
 mod reduce;
 pub mod store;

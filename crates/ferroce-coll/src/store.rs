@@ -278,7 +278,7 @@ fn io_err(e: std::io::Error, timeout: Duration, what: impl Into<String>) -> Stor
 }
 
 /// A hello: magic, the length of the rest, rank, world size, token.
-fn hello(rank: u32, world_size: u32, token: &[u8]) -> Vec<u8> {
+pub(crate) fn hello(rank: u32, world_size: u32, token: &[u8]) -> Vec<u8> {
     let mut h = Vec::with_capacity(16 + token.len());
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(&((8 + token.len()) as u32).to_be_bytes());
@@ -290,7 +290,7 @@ fn hello(rank: u32, world_size: u32, token: &[u8]) -> Vec<u8> {
 
 /// Reads one length-prefixed message (`u32` length, then the bytes), at most `max` bytes. The
 /// buffer grows with the bytes that arrive, so a length that lies costs no memory.
-fn read_msg(s: &mut TcpStream, max: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_msg(s: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len) as usize;
@@ -324,10 +324,10 @@ struct Pending {
 }
 
 /// Which of [`RendezvousStats`]' counters a connection turned away goes to.
-type Counter = fn(&mut RendezvousStats) -> &mut u64;
+pub(crate) type Counter = fn(&mut RendezvousStats) -> &mut u64;
 
 /// What became of a pending connection after a read.
-enum Step {
+pub(crate) enum Step {
     /// More bytes are due.
     Wait,
     /// Closed and counted under the reason (the counter to bump).
@@ -339,41 +339,74 @@ enum Step {
 impl Pending {
     /// Reads what has arrived (never more than the hello), and judges it.
     fn step(&mut self) -> Step {
-        loop {
-            let want = if self.buf.len() < 8 {
-                8
-            } else {
-                let len = u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]);
-                let len = len as usize;
-                if len > MAX_HELLO {
-                    return Step::Drop(|s| &mut s.oversized);
-                }
-                if len < 8 {
-                    return Step::Drop(|s| &mut s.garbage);
-                }
-                8 + len
-            };
-            if self.buf.len() == want {
-                let b = &self.buf;
-                let word = |at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                return Step::Hello(word(8) as usize, word(12) as usize, b[16..].to_vec());
+        step_hello(&mut self.buf, &mut self.s)
+    }
+}
+
+/// What the bytes of a hello received so far say: the pure half of [`step_hello`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HelloSoFar<'a> {
+    /// `.0` bytes in all are due: read up to `.0 - buf.len()` more.
+    Need(usize),
+    /// Not one of ours: another magic, a length under 8.
+    Garbage,
+    /// A length over [`MAX_HELLO`].
+    Oversized,
+    /// A whole hello: rank, world size, token.
+    Hello(u32, u32, &'a [u8]),
+}
+
+/// Judges the first bytes of a connection: magic first (on as many bytes as there are, so a
+/// stranger is dropped at its first wrong byte), then the length, before waiting for more.
+pub(crate) fn judge_hello(buf: &[u8]) -> HelloSoFar<'_> {
+    let m = buf.len().min(4);
+    if buf[..m] != MAGIC[..m] {
+        // Not one of ours (a port scan, an HTTP probe, another program).
+        return HelloSoFar::Garbage;
+    }
+    if buf.len() < 8 {
+        return HelloSoFar::Need(8);
+    }
+    let len = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+    if len > MAX_HELLO {
+        return HelloSoFar::Oversized;
+    }
+    if len < 8 {
+        return HelloSoFar::Garbage;
+    }
+    let want = 8 + len;
+    match buf.len().cmp(&want) {
+        std::cmp::Ordering::Less => HelloSoFar::Need(want),
+        std::cmp::Ordering::Equal => {
+            let word =
+                |at: usize| u32::from_be_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+            HelloSoFar::Hello(word(8), word(12), &buf[16..])
+        }
+        // `step_hello` never reads past the hello; more bytes than it are not a hello.
+        std::cmp::Ordering::Greater => HelloSoFar::Garbage,
+    }
+}
+
+/// Reads from `s` what has arrived of a hello into `buf` (never more than the hello, at most
+/// 256 bytes a read), and judges it.
+pub(crate) fn step_hello(buf: &mut Vec<u8>, s: &mut impl Read) -> Step {
+    loop {
+        let want = match judge_hello(buf) {
+            HelloSoFar::Need(want) => want,
+            HelloSoFar::Garbage => return Step::Drop(|s| &mut s.garbage),
+            HelloSoFar::Oversized => return Step::Drop(|s| &mut s.oversized),
+            HelloSoFar::Hello(rank, size, token) => {
+                return Step::Hello(rank as usize, size as usize, token.to_vec())
             }
-            let mut chunk = [0u8; 256];
-            let n = (want - self.buf.len()).min(chunk.len());
-            match self.s.read(&mut chunk[..n]) {
-                Ok(0) => return Step::Drop(|s| &mut s.garbage),
-                Ok(got) => {
-                    self.buf.extend_from_slice(&chunk[..got]);
-                    let m = self.buf.len().min(4);
-                    if self.buf[..m] != MAGIC[..m] {
-                        // Not one of ours (a port scan, an HTTP probe, another program).
-                        return Step::Drop(|s| &mut s.garbage);
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Wait,
-                Err(_) => return Step::Drop(|s| &mut s.garbage),
-            }
+        };
+        let mut chunk = [0u8; 256];
+        let n = (want - buf.len()).min(chunk.len());
+        match s.read(&mut chunk[..n]) {
+            Ok(0) => return Step::Drop(|s| &mut s.garbage),
+            Ok(got) => buf.extend_from_slice(&chunk[..got]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Step::Wait,
+            Err(_) => return Step::Drop(|s| &mut s.garbage),
         }
     }
 }
@@ -753,7 +786,7 @@ fn gone_or(e: std::io::Error, rank: usize, timeout: Duration) -> StoreError {
 /// What rank 0 sends instead of a table when an exchange failed (then the reason).
 const ABORT: [u8; 8] = [0xff; 8];
 
-fn parse_table(t: &[u8], round: &[u8; 8], n: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+pub(crate) fn parse_table(t: &[u8], round: &[u8; 8], n: usize) -> Result<Vec<Vec<u8>>, StoreError> {
     let bad = |what: &str| StoreError::Protocol(what.to_string());
     if let Some(why) = t.strip_prefix(&ABORT) {
         return Err(StoreError::Aborted(

@@ -100,6 +100,13 @@ mod device;
 mod mr;
 mod qp;
 mod rdmacm;
+/// For the fuzz targets in `fuzz/` only (the `fuzzing` feature, off by default): the rdma_cm
+/// messages peers exchange over TCP. Not an API: nothing here is stable.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::rdmacm::Message;
+}
 mod strings;
 mod ud;
 mod unsupported;

@@ -261,24 +261,38 @@ fn gid_of(ip: IpAddr) -> [u8; 16] {
 
 const MAGIC: &[u8; 4] = b"FRCM";
 
-/// The IB CM messages rdma_cm exchanges, carried over TCP.
+/// The IB CM messages rdma_cm exchanges, carried over TCP. (`pub` only so that the `fuzzing`
+/// feature's hooks can name it; the module is private.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Message {
+pub enum Message {
     /// REQ (from the active side) and REP (the passive side's answer) carry the same fields.
     Connect {
+        /// REP (else REQ).
         reply: bool,
+        /// The sender's QP number (24 bits).
         qpn: u32,
+        /// The sender's first PSN (24 bits).
         psn: u32,
+        /// The sender's GID.
         gid: [u8; 16],
+        /// Path MTU, as the verbs enum.
         mtu: u8,
+        /// READ/atomic requests the sender serves at once.
         responder_resources: u8,
+        /// READ/atomic requests the sender issues at once.
         initiator_depth: u8,
+        /// Transport retries.
         retry_count: u8,
+        /// RNR retries.
         rnr_retry_count: u8,
+        /// The application's private data (at most 255 bytes: its length is one byte).
         private: Vec<u8>,
     },
     /// REJ, with the rejecting side's private data.
-    Reject { private: Vec<u8> },
+    Reject {
+        /// The application's private data (at most 255 bytes).
+        private: Vec<u8>,
+    },
     /// RTU: the active side is ready; the passive side is established.
     ReadyToUse,
     /// DREQ.
@@ -286,7 +300,8 @@ enum Message {
 }
 
 impl Message {
-    fn encode(&self) -> Vec<u8> {
+    /// The message's bytes on the wire.
+    pub fn encode(&self) -> Vec<u8> {
         let mut b = MAGIC.to_vec();
         match self {
             Message::Connect {
@@ -326,7 +341,8 @@ impl Message {
         b
     }
 
-    fn read(s: &mut impl Read) -> std::io::Result<Message> {
+    /// Reads one message from `s` (an error for anything else, never a panic).
+    pub fn read(s: &mut impl Read) -> std::io::Result<Message> {
         let bad =
             |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
         let mut head = [0u8; 5];

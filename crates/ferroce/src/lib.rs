@@ -57,6 +57,9 @@
 
 pub mod cm;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod os;
 mod provider;
 mod spin;

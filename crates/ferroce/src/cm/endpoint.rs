@@ -109,7 +109,7 @@ pub(super) fn header(kind: MessageKind, count: u16, len: u32) -> [u8; HEADER_LEN
 
 /// Encodes a validated list (1..=MAX_ENDPOINTS entries, so the count fits in 16 bits and the
 /// length in 32).
-pub(super) fn encode_endpoints(local: &[EndpointInfo]) -> Vec<u8> {
+pub(crate) fn encode_endpoints(local: &[EndpointInfo]) -> Vec<u8> {
     let count = local.len().min(MAX_ENDPOINTS);
     let body_len = count * ENDPOINT_LEN;
     let mut out = Vec::with_capacity(HEADER_LEN + body_len);

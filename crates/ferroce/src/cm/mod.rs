@@ -75,7 +75,9 @@ use std::time::{Duration, Instant};
 
 use ferroce_proto::PathMtu;
 
-use self::endpoint::{decode_endpoint, encode_endpoints, header};
+use self::endpoint::{decode_endpoint, header};
+// Crate-visible for the fuzz hooks (`crate::fuzzing`).
+pub(crate) use self::endpoint::encode_endpoints;
 pub use self::endpoint::{EndpointInfo, RemoteRegion};
 pub use self::error::{CmError, EndpointProblem, MessageKind, Phase};
 
@@ -488,7 +490,7 @@ impl Io<'_> {
 ///
 /// The header is read in steps, magic first, so that a peer speaking something else is named as
 /// such even when it sends fewer than 12 bytes and then waits or hangs up.
-fn read_message(
+pub(crate) fn read_message(
     peer: SocketAddr,
     expected: MessageKind,
     fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,

@@ -573,7 +573,7 @@ fn fds_fit(fds: &[OwnedFd]) -> bool {
 }
 
 /// The hello of QP `from`, linking to QP `to`.
-pub(super) fn hello(from: u32, to: u32) -> [u8; HELLO_LEN] {
+pub(crate) fn hello(from: u32, to: u32) -> [u8; HELLO_LEN] {
     let mut h = [0u8; HELLO_LEN];
     h[0..4].copy_from_slice(&HELLO_MAGIC);
     h[4] = HELLO_VERSION;
@@ -584,7 +584,7 @@ pub(super) fn hello(from: u32, to: u32) -> [u8; HELLO_LEN] {
 
 /// `(to, from)` of a hello — our QP it is for, and the sending QP — or `None` for anything else
 /// (another length, magic or version, or reserved bytes set).
-pub(super) fn parse_hello(msg: &[u8]) -> Option<(u32, u32)> {
+pub(crate) fn parse_hello(msg: &[u8]) -> Option<(u32, u32)> {
     let h: &[u8; HELLO_LEN] = msg.try_into().ok()?;
     if h[0..4] != HELLO_MAGIC || h[4] != HELLO_VERSION || h[5..8] != [0, 0, 0] {
         return None;

@@ -68,6 +68,8 @@ pub(crate) mod shortcut;
 mod transfer;
 
 pub(crate) use host::ShmHost;
+#[cfg(feature = "fuzzing")]
+pub(crate) use host::{hello, parse_hello};
 pub(crate) use link::{Link, PeerMemory, ShmQp};
 pub(crate) use pages::{KeyTable, QpPage};
 pub(crate) use transfer::{receive, ring_room, ring_send};

@@ -154,6 +154,11 @@ impl Producer {
         if pkt.len() > self.max_packet() || self.ring.size - used < self.need(pkt.len()) {
             return Ok(false);
         }
+        // A position about to pass 2^64 comes from a page that lied when the producer was
+        // made (a real ring never gets there): refuse it, never wrap or overflow.
+        if self.head.checked_add(self.need(pkt.len()) as u64).is_none() {
+            return Err(RingError);
+        }
         let size = self.ring.size;
         let mut at = (self.head as usize) % size;
         let need = HEADER + pad8(pkt.len());
@@ -204,10 +209,11 @@ impl Consumer {
         // SAFETY: `at` is 8-aligned (our own position) and below `size`.
         let mut len = unsafe { self.ring.data.add(at).cast::<u32>().read_volatile() };
         if len == WRAP {
-            tail += (size - at) as u64;
-            if tail > head {
-                return Err(RingError);
-            }
+            // The marker skips to the ring's end, which must be published (and not past 2^64).
+            tail = match tail.checked_add((size - at) as u64) {
+                Some(t) if t <= head => t,
+                _ => return Err(RingError),
+            };
             self.tail = tail;
             if tail == head {
                 self.ring.tail().store(tail, Ordering::Release);
@@ -364,6 +370,48 @@ mod tests {
         assert_eq!(cons.pop(&mut out), Ok(Some(16)));
         assert_eq!(out[..16], [2; 16]);
         assert_eq!(cons.pop(&mut out), Ok(None));
+    }
+
+    /// Found by the `shm_ring` fuzz target (input `ff 06 00 00 00 02`, kept as
+    /// `fuzz/corpus/shm_ring/regression-producer-head-past-2-pow-64`: a ring of 280 bytes whose
+    /// page holds head = tail = 2^64 - 8, then a push of 0 bytes). A peer's QP page whose
+    /// positions sit just below 2^64 (plausible: equal and 8-aligned) gave a producer whose
+    /// first push moved its position past 2^64: a panic with overflow checks, a silent wrap
+    /// without. The peer chooses that page when it sends its hello.
+    #[test]
+    fn fuzz_shm_ring_a_head_near_2_pow_64_is_refused_not_overflowed() {
+        let mut o = Owned { words: vec![] };
+        let r = ring(&mut o, 280);
+        let p = u64::MAX - 7;
+        poke(&mut o, 0, p);
+        poke(&mut o, 1, p);
+        let mut prod = r.producer().unwrap();
+        assert_eq!(prod.push(&[]), Err(RingError), "a record past 2^64");
+        assert_eq!(
+            prod.push(&[1; 64]),
+            Err(RingError),
+            "a 64-byte record past 2^64"
+        );
+        assert_eq!(o.words[0], p, "the head word is left alone");
+        assert!(o.words[2..].iter().all(|&w| w == 0), "nothing written");
+    }
+
+    /// Found by the `shm_ring` fuzz target (an 88-byte input, kept as
+    /// `fuzz/corpus/shm_ring/regression-consumer-wrap-past-2-pow-64`): a consumer whose position
+    /// sits just below 2^64 overflowed skipping a wrap marker (a panic with overflow checks).
+    /// A consumer starts at 0, so only a position 2^64 bytes on gets there; refused all the
+    /// same, as the module doc promises of every lie. Here: a ring of 64 bytes, the consumer at
+    /// 2^64 - 16, the head word at 2^64 - 8, a wrap marker at offset 48.
+    #[test]
+    fn fuzz_shm_ring_a_wrap_past_2_pow_64_is_refused_not_overflowed() {
+        let mut o = Owned { words: vec![] };
+        let r = ring(&mut o, 64);
+        poke(&mut o, 0, u64::MAX - 7);
+        poke(&mut o, 2 + 6, u64::from(WRAP));
+        let mut cons = r.consumer(u64::MAX - 15);
+        let mut out = [0u8; 64];
+        assert_eq!(cons.pop(&mut out), Err(RingError));
+        assert_eq!(cons.tail, u64::MAX - 15, "a refused wrap moves nothing");
     }
 
     #[test]
