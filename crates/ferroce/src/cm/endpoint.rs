@@ -10,8 +10,8 @@ use ferroce_wire::Psn;
 
 use super::error::{EndpointProblem, MessageKind};
 use super::{
-    ENDPOINT_LEN, FLAG_ACKS_UNASKED, FLAG_REGION, FLAG_SMALL_IDENTIFICATIONS, HEADER_LEN, MAGIC, MAX_ENDPOINTS, QPN_MASK,
-    VERSION,
+    ENDPOINT_LEN, FLAG_ACKS_UNASKED, FLAG_REGION, FLAG_SMALL_IDENTIFICATIONS, HEADER_LEN, MAGIC,
+    MAX_ENDPOINTS, QPN_MASK, VERSION,
 };
 
 /// A memory region the peer may access with RDMA READ, WRITE or atomics.
