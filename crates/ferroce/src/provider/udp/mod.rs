@@ -42,7 +42,8 @@
 //!   64 are then believed: such a packet is checked by 32 - 6 = 26 bits (a random corruption
 //!   passes with probability 2^-26). A QP brought up without the exchange (plain
 //!   `modify_to_rtr`, the drop-in libibverbs, a perftest or rxe peer) keeps the 16-bit rule:
-//!   nothing says its peer does not number its packets.
+//!   nothing says its peer does not number its packets. So does a UD QP, which has no one
+//!   peer.
 //! - **Strict.** A context opened with `ContextOptions::icrc_strict` (`FERROCE_ICRC_STRICT=1`)
 //!   accepts no solved Identification at all: every packet it takes is checked by all 32
 //!   bits. It refuses, as ICRC errors, every packet that left with a non-zero Identification:
