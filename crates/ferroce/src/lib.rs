@@ -66,6 +66,7 @@ mod spin;
 mod verbs;
 
 pub use error::{Error, Result};
+pub use provider::udp::SENT_IDENTIFICATION_LIMIT;
 pub use provider::Provider;
 pub use verbs::context::{host_slot, Context, ContextOptions};
 pub use verbs::counters::ContextCounters;

@@ -35,6 +35,7 @@ fn ep(qpn: u32, psn: u32, mtu: PathMtu, region: Option<RemoteRegion>) -> Endpoin
         max_rd_atomic: 8,
         region,
         acks_unasked: false,
+        small_identifications: false,
     }
 }
 
@@ -60,6 +61,7 @@ fn numbered(side: u32, i: u32) -> EndpointInfo {
             len: u64::from(i) * 4096 + 1,
         }),
         acks_unasked: i % 2 == 1,
+        small_identifications: i % 4 < 2,
     }
 }
 
@@ -106,7 +108,9 @@ impl RawRecord {
             port: e.udp_port,
             mtu: e.mtu.bytes() as u16,
             max_rd_atomic: e.max_rd_atomic,
-            flags: u8::from(e.region.is_some()) | (u8::from(e.acks_unasked) << 1),
+            flags: u8::from(e.region.is_some())
+                | (u8::from(e.acks_unasked) << 1)
+                | (u8::from(e.small_identifications) << 2),
             reserved30: [0; 2],
             addr: r.addr,
             len: r.len,
@@ -214,6 +218,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
             len: 0x1000,
         }),
         acks_unasked: true,
+        small_identifications: true,
     };
     let client_ep = EndpointInfo {
         qpn: 0x12,
@@ -224,6 +229,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
         max_rd_atomic: 0,
         region: None,
         acks_unasked: false,
+        small_identifications: false,
     };
     let (addr, server) = spawn_acceptor(vec![server_ep], LONG);
     let client = cm::connect(addr, &client_ep, LONG).unwrap();
@@ -246,6 +252,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
         })
     );
     assert!(p.acks_unasked);
+    assert!(p.small_identifications);
     assert_eq!(client.peers, vec![server_ep]);
     assert_eq!(client.peer_addr, addr);
 
@@ -259,6 +266,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
     assert_eq!(p.max_rd_atomic, 0);
     assert_eq!(p.region, None);
     assert!(!p.acks_unasked);
+    assert!(!p.small_identifications);
     assert_eq!(server.peers, vec![client_ep]);
     assert_eq!(server.peer_addr, client.local_addr().unwrap());
 }
@@ -716,7 +724,7 @@ fn invalid_fields_are_named() {
             |r| r.gid = [0; 16],
             EndpointProblem::Gid(Ipv6Addr::UNSPECIFIED),
         ),
-        ("flags", |r| r.flags = 0x05, EndpointProblem::Flags(0x05)),
+        ("flags", |r| r.flags = 0x09, EndpointProblem::Flags(0x09)),
         (
             "reserved 31",
             |r| r.reserved30[1] = 1,

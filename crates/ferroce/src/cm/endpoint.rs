@@ -10,8 +10,8 @@ use ferroce_wire::Psn;
 
 use super::error::{EndpointProblem, MessageKind};
 use super::{
-    ENDPOINT_LEN, FLAG_ACKS_UNASKED, FLAG_REGION, HEADER_LEN, MAGIC, MAX_ENDPOINTS, QPN_MASK,
-    VERSION,
+    ENDPOINT_LEN, FLAG_ACKS_UNASKED, FLAG_REGION, FLAG_SMALL_IDENTIFICATIONS, HEADER_LEN, MAGIC,
+    MAX_ENDPOINTS, QPN_MASK, VERSION,
 };
 
 /// A memory region the peer may access with RDMA READ, WRITE or atomics.
@@ -48,6 +48,12 @@ pub struct EndpointInfo {
     /// within `ferroce_proto::responder::UNASKED_ACK_DELAY`, as ferroce's does: the peer's
     /// unsignaled requests then need not ask (see `QueuePair::set_peer_acks_unasked`).
     pub acks_unasked: bool,
+    /// Every packet this side sends over UDP carries an IPv4 Identification below
+    /// [`crate::SENT_IDENTIFICATION_LIMIT`], as ferroce's do: the peer then accepts a packet
+    /// whose ICRC verifies only for a solved Identification just when that one is below the
+    /// limit, a 26-bit check instead of 16 (see `QueuePair::set_peer_small_identifications`).
+    /// Claim it only for a sender that keeps it: its other packets would be refused.
+    pub small_identifications: bool,
 }
 
 impl EndpointInfo {
@@ -134,6 +140,9 @@ pub(super) fn encode_endpoint(e: &EndpointInfo, out: &mut Vec<u8>) {
     if e.acks_unasked {
         flags |= FLAG_ACKS_UNASKED;
     }
+    if e.small_identifications {
+        flags |= FLAG_SMALL_IDENTIFICATIONS;
+    }
     out.extend_from_slice(&e.qpn.to_be_bytes());
     out.extend_from_slice(&e.psn.value().to_be_bytes());
     out.extend_from_slice(&e.gid.octets());
@@ -178,7 +187,7 @@ pub(super) fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, End
         return Err(EndpointProblem::Psn(psn));
     }
     let mtu = PathMtu::from_bytes(u32::from(mtu)).map_err(|_| EndpointProblem::Mtu(mtu))?;
-    if flags & !(FLAG_REGION | FLAG_ACKS_UNASKED) != 0 {
+    if flags & !(FLAG_REGION | FLAG_ACKS_UNASKED | FLAG_SMALL_IDENTIFICATIONS) != 0 {
         return Err(EndpointProblem::Flags(flags));
     }
     if let Some(offset) = [30, 31, 52, 53, 54, 55].into_iter().find(|&o| r[o] != 0) {
@@ -200,6 +209,7 @@ pub(super) fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, End
         max_rd_atomic,
         region,
         acks_unasked: flags & FLAG_ACKS_UNASKED != 0,
+        small_identifications: flags & FLAG_SMALL_IDENTIFICATIONS != 0,
     };
     // The remaining range checks are the same ones the sender applies to itself.
     info.validate()?;

@@ -38,12 +38,21 @@
 //! |     26 |    2 | path MTU in bytes: 256, 512, 1024, 2048 or 4096              |
 //! |     28 |    1 | max_rd_atomic: READ/atomic depth served as responder (≤ 16)  |
 //! |     29 |    1 | flags: bit 0 = a remote region follows; bit 1 = the sender's |
-//! |        |      | responder acknowledges unasked requests (see below); others 0 |
+//! |        |      | responder acknowledges unasked requests (see below); bit 2 = |
+//! |        |      | the sender's packets carry IPv4 Identifications below 64 (see |
+//! |        |      | below); others 0                                             |
 //! |     30 |    2 | reserved, zero                                               |
 //! |     32 |    8 | region address (zero without the region flag)                |
 //! |     40 |    8 | region length in bytes (zero without the region flag)        |
 //! |     48 |    4 | region rkey (zero without the region flag)                   |
 //! |     52 |    4 | reserved, zero                                               |
+//!
+//! The flags say how the sender behaves where RoCE leaves a choice, so that the peer may rely
+//! on it: bit 1, that its responder acknowledges requests that do not ask for an ACK
+//! ([`EndpointInfo::acks_unasked`]); bit 2, that every packet it sends carries an IPv4
+//! Identification below [`crate::SENT_IDENTIFICATION_LIMIT`]
+//! ([`EndpointInfo::small_identifications`]), so the peer believes no other Identification it
+//! solves from an ICRC. A build that predates a flag refuses it like any unknown flag.
 //!
 //! # Why versioned, and why so strict
 //!
@@ -97,6 +106,7 @@ pub const ENDPOINT_LEN: usize = 56;
 pub(crate) const QPN_MASK: u32 = 0x00ff_ffff;
 pub(crate) const FLAG_REGION: u8 = 0x01;
 pub(crate) const FLAG_ACKS_UNASKED: u8 = 0x02;
+pub(crate) const FLAG_SMALL_IDENTIFICATIONS: u8 = 0x04;
 /// Upper bound of the sleep between two polls of a non-blocking listener: short enough that a
 /// connecting peer is not kept waiting noticeably, long enough not to spin a core.
 const MAX_ACCEPT_POLL: Duration = Duration::from_millis(10);
@@ -582,6 +592,7 @@ mod tests {
                 len: 1 << 20,
             }),
             acks_unasked: i % 3 == 0,
+            small_identifications: i % 2 == 0,
         }
     }
 

@@ -2,7 +2,7 @@
 //! reach each other.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferroce_proto::{Access, QpCaps};
@@ -117,6 +117,7 @@ impl ProtectionDomain {
             srq: attr.srq.map(|s| s.inner.clone()),
             udp,
             last_request_tx: AtomicU64::new(0),
+            peer_small_identifications: AtomicBool::new(false),
             shm: match &shared.shm {
                 Some(_) => {
                     Some(ShmQp::new().map_err(|e| Error::io("creating the QP's shared page", e))?)

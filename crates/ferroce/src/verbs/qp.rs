@@ -177,6 +177,8 @@ impl QueuePair {
             core.held_ack = None;
             self.shared.publish_state(&core);
         }
+        // The next peer may be anyone.
+        self.set_peer_small_identifications(false);
         if let Some(shm) = &self.shared.shm {
             shm.linked.store(false, Ordering::Release);
             *shm.lock() = Link::Off;
@@ -237,6 +239,21 @@ impl QueuePair {
     /// `ferroce_proto::QueuePair::set_peer_acks_unasked` for what still asks.
     pub fn set_peer_acks_unasked(&self, on: bool) {
         self.shared.qp.lock().set_peer_acks_unasked(on);
+    }
+
+    /// Tells the QP whether its peer sends every packet with an IPv4 Identification below
+    /// [`crate::SENT_IDENTIFICATION_LIMIT`], as ferroce does
+    /// ([`crate::cm::EndpointInfo::small_identifications`]; [`QueuePair::connect`] sets it from
+    /// the exchange). A UDP socket does not show the Identification the ICRC covers, so the
+    /// receive path solves for it; with this on, it believes only a solution below the limit
+    /// and counts any other packet as an ICRC error (`icrc_errors`): such a packet is checked
+    /// by 26 bits of its ICRC instead of 16. Leave it off (the default, and again after
+    /// [`reset`](Self::reset)) for a peer that may number its packets, such as Linux rxe. A
+    /// context opened with [`crate::ContextOptions::icrc_strict`] believes no solution at all.
+    pub fn set_peer_small_identifications(&self, on: bool) {
+        self.shared
+            .peer_small_identifications
+            .store(on, Ordering::Relaxed);
     }
 
     /// Takes the peer's hello now if this QP waits for it: it is most likely in the socket
@@ -391,6 +408,7 @@ impl QueuePair {
             max_rd_atomic: ferroce_proto::attr::MAX_RD_ATOMIC,
             region,
             acks_unasked: true,
+            small_identifications: true,
         }
     }
 
@@ -430,6 +448,7 @@ impl QueuePair {
         };
         self.modify_to_rtr_with_port(&rtr, peer.udp_port)?;
         self.set_peer_acks_unasked(peer.acks_unasked);
+        self.set_peer_small_identifications(peer.small_identifications);
         Ok(())
     }
 

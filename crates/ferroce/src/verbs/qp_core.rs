@@ -151,6 +151,11 @@ pub(crate) struct QpShared {
     /// When this QP last sent a request (ns on the context clock): ACKs are held only on a QP
     /// that is itself sending, i.e. in a ping-pong.
     pub last_request_tx: AtomicU64,
+    /// Whether the peer sends every packet with an IPv4 Identification below
+    /// `SENT_IDENTIFICATION_LIMIT`, as ferroce does (`QueuePair::set_peer_small_identifications`):
+    /// the receive path then believes no other Identification it solves for. Read without the
+    /// QP's lock, before the packet is handed over.
+    pub peer_small_identifications: AtomicBool,
     /// The shared-memory side (absent when the context's provider is UDP).
     pub shm: Option<ShmQp>,
 }

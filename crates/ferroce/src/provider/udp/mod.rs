@@ -32,7 +32,29 @@
 //!   error is still caught, since no Identification explains one within a RoCE packet.
 //! - **Sending.** Every packet is sealed for the Identification it will leave with: 0 for a
 //!   datagram sent alone, its place in the run for a segment of a GSO send (see [`send_all`]),
-//!   so every packet on the wire verifies for any receiver (rxe drops those that do not).
+//!   so every packet on the wire verifies for any receiver (rxe drops those that do not). A GSO
+//!   send carries at most `GSO_MAX_SEGMENTS` (64) segments, so no packet ferroce sends has an
+//!   Identification of [`SENT_IDENTIFICATION_LIMIT`] or more.
+//! - **Between ferroce peers.** A QP whose peer is known to send that way (the connection
+//!   exchange says so: `EndpointInfo::small_identifications`, set on the QP by
+//!   `QueuePair::connect`) accepts a solved Identification only below that limit, and counts
+//!   any other as an ICRC error. Of the 2^16 Identifications that could explain a difference,
+//!   64 are then believed: such a packet is checked by 32 - 6 = 26 bits (a random corruption
+//!   passes with probability 2^-26). A QP brought up without the exchange (plain
+//!   `modify_to_rtr`, the drop-in libibverbs, a perftest or rxe peer) keeps the 16-bit rule:
+//!   nothing says its peer does not number its packets. So does a UD QP, which has no one
+//!   peer.
+//! - **Strict.** A context opened with `ContextOptions::icrc_strict` (`FERROCE_ICRC_STRICT=1`)
+//!   accepts no solved Identification at all: every packet it takes is checked by all 32
+//!   bits. It refuses, as ICRC errors, every packet that left with a non-zero Identification:
+//!   from Linux rxe (which numbers every packet) and from any sender that uses a connected
+//!   socket or cuts GSO sends — including a ferroce peer that is not strict itself, whose GSO
+//!   segments after the first of each send are refused (bulk data it sends to a strict
+//!   context, its WRITEs and SENDs or its responses to that context's READs, then crawls on
+//!   retransmissions). A strict context therefore sends without GSO
+//!   (as with `FERROCE_NO_GSO`), so that its own packets all leave with Identification 0 and
+//!   two strict contexts talk at full strength, at the price of one system call per 32
+//!   packets instead of per 64 KiB on bulk sends.
 
 mod capture;
 mod socket;
@@ -56,6 +78,13 @@ pub(crate) use self::sys::{BATCH, MAX_DATAGRAM};
 use super::engine::hand_over;
 use crate::error::{Error, Result};
 use crate::provider::{ContextShared, QpShared};
+
+/// Every IPv4 Identification a packet sent by ferroce leaves with is below this: 0 for a
+/// datagram sent alone, its place in the run (below `GSO_MAX_SEGMENTS`) for a segment of a GSO
+/// send. A receiver that knows its peer is ferroce believes no other solved Identification
+/// (see "ICRC and the IPv4 Identification").
+pub const SENT_IDENTIFICATION_LIMIT: u16 = sys::GSO_MAX_SEGMENTS as u16;
+const _: () = assert!(sys::GSO_MAX_SEGMENTS <= u16::MAX as usize);
 
 /// A context's side of the UDP provider: the socket every packet arrives on, and how sending
 /// goes.
@@ -322,24 +351,38 @@ fn deliver(
                 .ok()
         })
         .unwrap_or(IcrcCheck::Bad);
-    match check {
-        IcrcCheck::Verified => {}
+    let qpn = pkt.bth().dest_qpn();
+    let ud = pkt.opcode().transport_bits() == ferroce_wire::opcode::Transport::Ud;
+    let ok = match check {
+        IcrcCheck::Verified => true,
         IcrcCheck::VerifiedWithIdentification(ident) => {
-            c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
             h.ident = ident;
+            // Which solutions are believed (see "ICRC and the IPv4 Identification"). The QP
+            // is looked up only for an Identification no ferroce sender uses, and then it is
+            // the lookup delivery makes anyway (`last_qp` keeps it). A UD QP has no one peer.
+            let believed = !shared.icrc_strict
+                && (ident < SENT_IDENTIFICATION_LIMIT
+                    || ud
+                    || !last_qp
+                        .get(shared, qpn)
+                        .is_some_and(|qp| qp.peer_small_identifications.load(Ordering::Relaxed)));
+            if believed {
+                c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
+            }
+            believed
         }
-        IcrcCheck::Bad => {
-            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
-        }
+        IcrcCheck::Bad => false,
+    };
+    if !ok {
+        c.icrc_errors.fetch_add(1, Ordering::Relaxed);
     }
     if let Some(cap) = &shared.udp.capture {
         cap.record(&h, bytes);
     }
-    if !check.is_ok() {
+    if !ok {
         return;
     }
-    let qpn = pkt.bth().dest_qpn();
-    if pkt.opcode().transport_bits() == ferroce_wire::opcode::Transport::Ud {
+    if ud {
         if !crate::provider::receive_datagram(shared, &pkt, from.ip()) {
             c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         }
@@ -377,7 +420,12 @@ impl LastQp {
 /// Computes the ICRC of each packet for the frame `h` describes, with the IPv4 Identification
 /// the packet will leave with: its place in the run (0, 1, 2, ...) when `numbered` (the
 /// segments of one GSO send), else 0.
+///
+/// A numbered run longer than `GSO_MAX_SEGMENTS` would be sealed for Identifications of
+/// [`SENT_IDENTIFICATION_LIMIT`] and more, but never leaves so: `send_gso` refuses it, and the
+/// fallback seals it again unnumbered.
 fn seal(h: &mut UdpFrameHeaders, bufs: &mut [Vec<u8>], lens: &[usize], numbered: bool) {
+    debug_assert!(!numbered || lens.len() <= sys::GSO_MAX_SEGMENTS);
     for (i, (buf, &n)) in bufs.iter_mut().zip(lens).enumerate() {
         h.ident = if numbered { i as u16 } else { 0 };
         let buf = &mut buf[..n];

@@ -15,8 +15,9 @@ pub(crate) const MAX_DATAGRAM: usize = 4096 + 128;
 pub(crate) const RECV_BUF: usize = 65_536;
 /// Most bytes one GSO send may carry (the UDP length field's limit, less headers).
 const GSO_MAX_BYTES: usize = 65_000;
-/// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS is 64 or more).
-const GSO_MAX_SEGMENTS: usize = 64;
+/// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS is 64 or more). It also
+/// bounds the IPv4 Identifications ferroce sends (see `SENT_IDENTIFICATION_LIMIT`).
+pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
 const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
