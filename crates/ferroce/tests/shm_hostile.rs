@@ -15,6 +15,10 @@
 //!   or its own ring's consumer position) ends only its own links: each QP it lied to goes to
 //!   ERR with its work flushed, the violations are counted, the victim process lives on and its
 //!   other QPs keep working; and the memfds the victim handed it cannot be truncated (sealed);
+//! - a flood of well-formed hellos parked for QPs that do not exist fills the victim's bound:
+//!   the next hello is refused, yet the QP pair whose one hello was refused still works in both
+//!   directions (the linked side sends through the ring, the other over UDP): a refusal costs
+//!   the shortcut, never the QPs;
 //! - a peer of another uid (`nobody`) never links: both sides use UDP, data verified, and the
 //!   victim counts the refusal.
 
@@ -761,7 +765,109 @@ fn child_liar() {
     drop(udp);
 }
 
-// ---- scenario 3: another uid ---------------------------------------------------------------
+// ---- scenario 3: a flood of parked hellos ------------------------------------------------
+
+/// Raises this process's descriptor limit to what the scenario needs (the victim holds every
+/// waiting connection and its descriptors).
+fn raise_fd_limit(want: u64) {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a live struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut l), 0);
+        l.rlim_cur = l.rlim_cur.max(want.min(l.rlim_max));
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &l), 0);
+    }
+}
+
+#[test]
+fn a_flood_of_parked_hellos_costs_the_shortcut_not_the_qps() {
+    raise_fd_limit(4096);
+    let victim = side(Provider::Shm);
+    let peer = side(Provider::Shm);
+    let qv = new_qp(&victim);
+    let qp = new_qp(&peer);
+    let mut parker = Attacker::spawn(
+        "parker",
+        &[(VICTIM_ENV, victim.ctx.local_addr().to_string())],
+        None,
+    );
+    assert_eq!(parker.expect("PARKED"), "300");
+    // The victim's engine takes them (and refuses those past the bound).
+    let deadline = Instant::now() + T;
+    while victim.ctx.counters().shm_links_refused < 300 - 256 {
+        assert!(Instant::now() < deadline, "{:?}", victim.ctx.counters());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let refused = victim.ctx.counters().shm_links_refused;
+    // The peer reaches RTR first: its hello finds the victim's listener full and is refused.
+    // The victim then links from its side only, and the peer links from the victim's hello: the
+    // peer sends through the victim's ring, the victim over UDP.
+    let src_v = victim.pd.alloc_mr(65536, all_rights()).unwrap();
+    let src_p = peer.pd.alloc_mr(65536, all_rights()).unwrap();
+    connect_pair(&qp, &qv, None);
+    for seed in 1..=10 {
+        verified_write(&victim, &qv, &src_v, &src_p, seed);
+        verified_write(&peer, &qp, &src_p, &src_v, seed + 100);
+    }
+    let rbuf = victim.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    qv.post_recv(RecvWr {
+        wr_id: 77,
+        sgl: vec![rbuf.sge(0, 4096).unwrap()],
+    })
+    .unwrap();
+    let msg = pattern(5, 4000);
+    src_p.write(0, &msg).unwrap();
+    qp.post_send(SendWr::new(
+        78,
+        SendOp::Send,
+        vec![src_p.sge(0, 4000).unwrap()],
+    ))
+    .unwrap();
+    assert_eq!(next_wc(&peer.cq), (78, WcStatus::Success));
+    assert_eq!(next_wc(&victim.cq), (77, WcStatus::Success));
+    assert_eq!(read_all(&rbuf, 4000), msg);
+    assert!(
+        peer.ctx.counters().direct_ops >= 10,
+        "the peer linked: {:?}",
+        peer.ctx.counters()
+    );
+    assert_eq!(qv.state(), QpState::Rts);
+    assert_eq!(qp.state(), QpState::Rts);
+    assert!(
+        victim.ctx.counters().shm_links_refused > refused,
+        "the peer's hello was refused too: {:?}",
+        victim.ctx.counters()
+    );
+    parker.finish();
+}
+
+/// The parker: 300 connections, each with a well-formed hello (sealed memfds of the right
+/// sizes) for a QP the victim does not have, held open.
+#[test]
+fn child_parker() {
+    if !is_child("parker") {
+        return;
+    }
+    raise_fd_limit(4096);
+    let victim: SocketAddr = env(VICTIM_ENV).parse().unwrap();
+    let table = memfd(TABLE_LEN, TABLE_MAGIC, true);
+    let page = memfd(PAGE_LEN, PAGE_MAGIC, true);
+    let held: Vec<OwnedFd> = (0..300u32)
+        .map(|i| {
+            let s = connect_to(victim);
+            let h = hello(0x4000 + i, 0x00de_ad00 + i);
+            send_fds(s.as_raw_fd(), &h, &[table.as_raw_fd(), page.as_raw_fd()]);
+            s
+        })
+        .collect();
+    println!("PARKED {}", held.len());
+    wait_for_parent();
+}
+
+// ---- scenario 4: another uid ---------------------------------------------------------------
 
 #[test]
 fn a_peer_of_another_uid_never_links_and_still_works_over_udp() {

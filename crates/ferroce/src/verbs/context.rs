@@ -375,6 +375,9 @@ impl Context {
         };
         let shm = match provider {
             Provider::Udp => None,
+            // Abstract socket names are first come, first served: another user may have taken
+            // ours. With Auto that costs the shortcut, not the context: its QPs use UDP.
+            Provider::Auto => ShmHost::open(Provider::Auto, local).ok(),
             p => Some(
                 ShmHost::open(p, local)
                     .map_err(|e| Error::io(format!("publishing {local} for same-host peers"), e))?,

@@ -18,6 +18,9 @@ use super::cq::CompletionQueue;
 use super::device::ip_of;
 use super::qp_core::QpShared;
 use super::sender::{QpSender, SendRequest};
+
+/// How long after its hello went out a QP's posts look for the peer's hello themselves.
+const HELLO_AWAITED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 use super::srq::SharedReceiveQueue;
 use crate::error::{Error, Result};
 use crate::provider::{direct, route_completions, Link, Provider};
@@ -144,8 +147,9 @@ impl QueuePair {
                 .map_err(|e| Error::io(format!("reaching {dest} through shared memory"), e))?;
             if !linked && host.provider == Provider::Shm {
                 return Err(Error::InvalidArgument(format!(
-                    "no ferroce context at {dest} on this host to reach through shared memory \
-                     (provider shm is forced)"
+                    "no ferroce context at {dest} on this host that this process may link with \
+                     through shared memory (none listens there, or it belongs to another user; \
+                     provider shm is forced)"
                 )));
             }
         }
@@ -180,8 +184,7 @@ impl QueuePair {
         // The next peer may be anyone.
         self.set_peer_small_identifications(false);
         if let Some(shm) = &self.shared.shm {
-            shm.linked.store(false, Ordering::Release);
-            *shm.lock() = Link::Off;
+            shm.unlink(Link::Off);
         }
     }
 
@@ -259,9 +262,18 @@ impl QueuePair {
     /// Takes the peer's hello now if this QP waits for it: it is most likely in the socket
     /// already (it left before the peer reported RTS), and the next request can then go
     /// straight to the peer's memory rather than wait for the engine's next look.
+    ///
+    /// Only for a while after the hello went out: a link that has not formed by then may never
+    /// form (the peer's hello was refused), and a forced look at every post would cost its
+    /// system calls on every request; the engine keeps looking at its own pace.
     fn take_waiting_hello(&self) {
         if let Some(shm) = &self.shared.shm {
-            if !shm.linked.load(Ordering::Acquire) && matches!(*shm.lock(), Link::Pending { .. }) {
+            if shm.linked.load(Ordering::Acquire) {
+                return;
+            }
+            let fresh = matches!(&*shm.lock(), Link::Pending { since, .. }
+                if since.elapsed() < HELLO_AWAITED_FOR);
+            if fresh {
                 let shared = &self.ctx.shared;
                 shared.poll_shm_host(shared.now(), true, false);
             }

@@ -6,7 +6,7 @@
 //! namespace can connect. Every decision is therefore taken on what the **kernel** says of the
 //! other end (`SO_PEERCRED`: its pid, uid and gid), never on what it writes:
 //! - Only peers of our own uid link ([`LinkPolicy`]; `FERROCE_SHM_GROUP=GID` also admits peers
-//!   whose gid is GID). A peer of another user is refused at once on either end, and its QP
+//!   whose primary gid is GID). A peer of another user is refused at once on either end, and its QP
 //!   takes the packet path (UDP), where the responder checks everything.
 //! - A QP at RTR connects to the listener of its destination address and learns from the
 //!   kernel which process holds it. Only if that process may link does it send its **hello**:
@@ -22,7 +22,12 @@
 //!   need no target CPU, from the first.
 //! - Hellos wait (parked on their connection) until their QP reaches RTR; at most
 //!   [`MAX_WAITING`] connections wait, one that sends no hello within
-//!   [`REQUEST_DEADLINE_NS`] is closed, and nothing replaces what a QP already has.
+//!   [`REQUEST_DEADLINE_NS`] is closed, a hello that waits longer than [`PARKED_DEADLINE_NS`]
+//!   too, and nothing replaces what a QP already has. Each pass accepts and reads a bounded
+//!   number of connections and messages, so a flood delays only itself.
+//! - A QP reads its inbound ring from the moment its hello went out, linked or not: if its
+//!   own link never forms (its hello refused or dropped), the peer that linked from that hello
+//!   still reaches it, and this side sends over UDP.
 //! - The descriptors of a hello must be sealed memfds, mapped at exactly the size of a key
 //!   table and a QP page ([`SharedMap::from_fd`]).
 //!
@@ -154,8 +159,15 @@ pub(crate) struct ShmHost {
 /// Most connections that may wait for their QP at once (connections that linked a QP do not
 /// count): beyond it new ones are refused (their QPs use UDP).
 pub(super) const MAX_WAITING: usize = 256;
-/// How long a connection may stay without sending its request.
+/// How long a connection may stay without sending its hello.
 pub(super) const REQUEST_DEADLINE_NS: u64 = 2_000_000_000;
+/// How long a hello may wait for its QP to reach RTR (linked to it) before it is dropped: the
+/// peer then stays on UDP, reading its ring if our QP links from its side later.
+pub(super) const PARKED_DEADLINE_NS: u64 = 60_000_000_000;
+/// Connections accepted in one pass.
+const ACCEPTS_PER_POLL: usize = 32;
+/// Messages (hellos, wake-up bytes) read from one connection in one pass.
+const MESSAGES_PER_POLL: usize = 64;
 
 /// How often an engine pass looks at the listener and hello connections. They carry hellos,
 /// wake-up bytes and hang-ups, none urgent (a QP whose hello has not been read yet sends by
@@ -348,23 +360,32 @@ impl ShmHost {
             };
         }
         // The process that bound the destination's name, as the kernel says: it is the one
-        // our QP links with, or none.
-        let cred = peer_cred(sock.as_raw_fd())?;
-        if !self.policy.admits(&cred) {
+        // our QP links with, or none. A peer whose pid this namespace cannot see (pid 0), of
+        // another user, or that closed on us (it refused us) is reached over UDP.
+        let cred = match peer_cred(sock.as_raw_fd()) {
+            Ok(c) if self.policy.admits(&c) => c,
+            _ => {
+                self.refused();
+                return Ok(false);
+            }
+        };
+        // The ring starts empty for the new peer, whatever an earlier one left in the page.
+        qp.page.reset_ring(qp.ring_tail.load(Ordering::Relaxed));
+        let hello = hello(qpn, peer_qpn);
+        let fds = [self.table.map.fd(), qp.page.map.fd()];
+        if send_with_fds(sock.as_raw_fd(), &hello, &fds).is_err() {
             self.refused();
             return Ok(false);
         }
-        send_with_fds(
-            sock.as_raw_fd(),
-            &hello(qpn, peer_qpn),
-            &[self.table.map.fd(), qp.page.map.fd()],
-        )?;
         let id = self.next_link_id.fetch_add(1, Ordering::Relaxed);
+        // The peer may link and send before its hello reaches us: read the ring from now on.
+        qp.receiving.store(true, Ordering::Release);
         *qp.lock() = Link::Pending {
-            out: Arc::new(sock),
+            out: sock,
             peer_qpn,
             peer_pid: cred.pid,
             id,
+            since: std::time::Instant::now(),
         };
         // The peer's hello may be parked already (it reached RTR first): link from it now.
         // Lock order: the incoming list, then the QP's link (as `poll` takes them).
@@ -433,7 +454,12 @@ impl ShmHost {
         ev: &mut HostEvents,
     ) {
         let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
+        // Only connections that linked nothing yet count against the bound: a context may
+        // have any number of linked QPs.
+        let mut waiting = inc.iter().filter(|i| i.linked.is_none()).count();
+        // A bounded amount of work per pass, whatever a flood of connections or messages does:
+        // the rest waits for the next pass, and the engine keeps serving its QPs meanwhile.
+        for _ in 0..ACCEPTS_PER_POLL {
             // SAFETY: accept4 on our listening socket, no address wanted; result checked.
             let fd = unsafe {
                 libc::accept4(
@@ -449,11 +475,9 @@ impl ShmHost {
             ev.did = true;
             // SAFETY: a fresh descriptor from accept4.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // Only connections that linked nothing yet count against the bound: a context may
-            // have any number of linked QPs.
-            let waiting = inc.iter().filter(|i| i.linked.is_none()).count();
             match peer_cred(fd.as_raw_fd()) {
                 Ok(cred) if self.policy.admits(&cred) && waiting < MAX_WAITING => {
+                    waiting += 1;
                     inc.push(Incoming {
                         fd,
                         cred,
@@ -470,13 +494,17 @@ impl ShmHost {
         let mut i = 0;
         while i < inc.len() {
             let mut closed = false;
-            loop {
+            for _ in 0..MESSAGES_PER_POLL {
                 let mut buf = [0u8; 64];
                 match recv_with_fds(inc[i].fd.as_raw_fd(), &mut buf) {
                     Ok(None) => {
-                        if inc[i].request.is_none()
-                            && now_ns.saturating_sub(inc[i].accepted_ns) > REQUEST_DEADLINE_NS
-                        {
+                        let age = now_ns.saturating_sub(inc[i].accepted_ns);
+                        let expired = match (&inc[i].request, inc[i].linked) {
+                            (None, _) => age > REQUEST_DEADLINE_NS,
+                            (Some(_), None) => age > PARKED_DEADLINE_NS,
+                            (Some(_), Some(_)) => false,
+                        };
+                        if expired {
                             self.refused();
                             closed = true;
                         }
@@ -639,9 +667,10 @@ impl ContextShared {
         if !in_engine || gone.is_empty() {
             return ev.did || !gone.is_empty();
         }
-        let gone = std::mem::take(&mut *gone);
+        let taken = std::mem::take(&mut *gone);
+        drop(gone);
         let mut buf = vec![0u8; crate::provider::udp::MAX_DATAGRAM];
-        for (qpn, id) in gone {
+        for (qpn, id) in taken {
             // The hello connection of a link since replaced (the QP was reset, and maybe
             // connected anew) says nothing about the QP now.
             if let Some(qp) = self
@@ -650,7 +679,7 @@ impl ContextShared {
             {
                 // What the peer wrote before it went (the ACK of our last SEND, say) counts.
                 super::transfer::drain_ring(self, &qp, &mut buf, now, usize::MAX);
-                super::transfer::peer_gone(&qp, self.fail_idle_qps_when_peer_goes);
+                super::transfer::link_gone(&qp, id, self.fail_idle_qps_when_peer_goes);
             }
         }
         true

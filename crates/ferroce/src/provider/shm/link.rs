@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferroce_proto::Access;
@@ -29,7 +29,7 @@ pub(super) struct LastRegion {
 #[derive(Debug)]
 pub(crate) struct PeerLink {
     /// The hello connection this side opened (wake-ups go down it).
-    pub(super) out: Arc<OwnedFd>,
+    pub(super) out: OwnedFd,
     /// Names this link among the QP's links (see [`ShmQp::linked_to`]).
     pub(super) id: u64,
     /// The peer's process, as the kernel reported it for the listener we connected to.
@@ -69,10 +69,13 @@ pub(crate) enum Link {
     /// Our request went out on `out` to the listener of process `peer_pid` (as the kernel
     /// says); the answer, with the peer's descriptors, has not arrived yet.
     Pending {
-        out: Arc<OwnedFd>,
+        out: OwnedFd,
         peer_qpn: u32,
         peer_pid: u32,
         id: u64,
+        /// When the hello went out: a post looks for the peer's at once only for a while (see
+        /// `QueuePair::take_waiting_hello`).
+        since: std::time::Instant,
     },
     /// Both hellos exchanged: packets go through rings, one-sided operations straight to memory.
     Linked(Box<PeerLink>),
@@ -92,6 +95,9 @@ pub(crate) struct ShmQp {
     /// The consumer's position in this QP's own inbound ring (only the engine reads the ring):
     /// kept here because the page's copy is writable by the peer.
     pub ring_tail: std::sync::atomic::AtomicU64,
+    /// Whether the QP reads its inbound ring: from the moment its hello went out (the peer it
+    /// went to may link and send before this side has the peer's hello) until the link ends.
+    pub receiving: AtomicBool,
 }
 
 impl ShmQp {
@@ -102,6 +108,7 @@ impl ShmQp {
             linked: AtomicBool::new(false),
             generation: std::sync::atomic::AtomicU64::new(0),
             ring_tail: std::sync::atomic::AtomicU64::new(0),
+            receiving: AtomicBool::new(false),
         })
     }
 
@@ -113,6 +120,13 @@ impl ShmQp {
     /// a peer with its old peer's number, but its link has a new id).
     pub(crate) fn linked_to(&self, id: u64) -> bool {
         matches!(&*self.lock(), Link::Linked(p) if p.id == id)
+    }
+
+    /// Ends the link: the QP no longer reads its ring or reaches the peer's memory.
+    pub(crate) fn unlink(&self, to: Link) {
+        self.linked.store(false, Ordering::Release);
+        self.receiving.store(false, Ordering::Release);
+        *self.lock() = to;
     }
 }
 

@@ -50,8 +50,8 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
-/// Accepts `fd` only as a memfd sealed against shrinking and growing (what every memfd ferroce
-/// makes is), so that no page of a mapping of it can ever lie past the file's end: a peer that
+/// Accepts `fd` only as a shmem memfd sealed against shrinking and growing (what every memfd
+/// ferroce makes is), so that no page of a mapping of it can ever lie past the file's end: a peer that
 /// kept the power to truncate could kill whoever maps it with SIGBUS. Returns its `fstat`.
 pub(crate) fn require_sealed(fd: RawFd) -> io::Result<libc::stat> {
     let st = fstat(fd)?;
@@ -59,7 +59,15 @@ pub(crate) fn require_sealed(fd: RawFd) -> io::Result<libc::stat> {
     // a shmem/hugetlbfs file, which is how a regular file or a socket is refused.
     let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
     let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG || seals < 0 || seals & need != need {
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct fstatfs fills in.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fs` is a live, writable statfs buffer.
+    let on_shmem =
+        unsafe { libc::fstatfs(fd, &mut fs) } == 0 && fs.f_type == libc::TMPFS_MAGIC as _;
+    // Only shmem: a hugetlbfs memfd can be sealed too, but a hole punched in it gives back its
+    // huge pages, and a later fault with the pool empty raises SIGBUS in whoever maps it.
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || !on_shmem || seals < 0 || seals & need != need
+    {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             "the peer's descriptor is not a memfd sealed against resizing",
@@ -117,21 +125,45 @@ impl SharedMap {
     /// code, so this works while it is stopped), and checks it is the file the owner published
     /// (`inode`): a descriptor number may have been closed and reused since.
     pub(crate) fn open_peer(pid: u32, fd: i32, inode: u64, len: usize) -> io::Result<SharedMap> {
+        let gone = || {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "the peer's descriptor no longer names the published region",
+            )
+        };
+        // First only a path reference (O_PATH opens nothing: no FUSE request, no device open,
+        // no controlling terminal), to see what the number names; then the file itself, once
+        // it is known to be the published regular file.
         let path = CString::new(format!("/proc/{pid}/fd/{fd}"))
             .map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: `path` is a live NUL-terminated string; the result is checked.
-        let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        let raw = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
         if raw < 0 {
             return Err(last_error("opening a peer's memory region"));
         }
         // SAFETY: `raw` was just returned by open and is owned by nobody else.
+        let reference = unsafe { OwnedFd::from_raw_fd(raw) };
+        let st = fstat(reference.as_raw_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_ino != inode {
+            return Err(gone());
+        }
+        let again = CString::new(format!("/proc/self/fd/{}", reference.as_raw_fd()))
+            .map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: as above.
+        let raw = unsafe {
+            libc::open(
+                again.as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+            )
+        };
+        if raw < 0 {
+            return Err(last_error("opening a peer's memory region"));
+        }
+        // SAFETY: as above.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let st = require_sealed(fd.as_raw_fd())?;
         if st.st_ino != inode || (st.st_size as u64) < len.max(1) as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                "the peer's descriptor no longer names the published region",
-            ));
+            return Err(gone());
         }
         Self::map_fd(fd, len.max(1), len)
     }

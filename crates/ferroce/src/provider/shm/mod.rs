@@ -11,12 +11,14 @@
 //!   proves the peer is on this host and in this network namespace (peers in other namespaces —
 //!   other "hosts" — keep using UDP).
 //!
-//! When a QP moves to RTR, it tries the listener of its destination address. If it answers, the
-//! QP sends a hello carrying its QP number, its process id, and — with `SCM_RIGHTS` — the
+//! When a QP moves to RTR, it tries the listener of its destination address. If it answers and
+//! the kernel says the process behind it may link with this one (same uid by default; see
+//! `host`), the QP sends a hello carrying its QP number and — with `SCM_RIGHTS` — the
 //! descriptors of its context's key table and of its own **QP page** (its state, access flags,
 //! protection domain and an inbound packet ring). The peer does the same from its side; a QP
-//! whose own hello went out and whose peer's hello arrived is *linked*. With
-//! [`Provider::Auto`](crate::Provider::Auto) a QP whose destination has no listener uses UDP; [`Provider::Shm`](crate::Provider::Shm) makes
+//! whose own hello went out and whose peer's hello arrived from exactly that process is
+//! *linked*. With [`Provider::Auto`](crate::Provider::Auto) a QP whose destination has no
+//! listener, or one of another user, uses UDP; [`Provider::Shm`](crate::Provider::Shm) makes
 //! that an error instead. A context that writes a packet capture uses UDP unless shm is forced,
 //! since a capture is asked for to see the wire.
 //!

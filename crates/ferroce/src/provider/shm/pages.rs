@@ -275,6 +275,13 @@ impl QpPage {
         }
     }
 
+    /// Sets both ring positions to `at` (the consumer's own position), for a new producer:
+    /// nothing an earlier peer left in the page carries over.
+    pub(crate) fn reset_ring(&self, at: u64) {
+        self.map.u64_at(P_TAIL).store(at, Ordering::Release);
+        self.map.u64_at(P_HEAD).store(at, Ordering::Release);
+    }
+
     /// Publishes what a peer checks before it reaches memory through this QP.
     pub(crate) fn publish(&self, state: QpState, access: Option<Access>, pd: u32) {
         if let Some(a) = access {

@@ -111,7 +111,11 @@ pub(crate) fn drain_ring(
     now: Instant,
     limit: usize,
 ) -> bool {
-    let Some(s) = qp.shm_linked() else {
+    let Some(s) = qp
+        .shm
+        .as_ref()
+        .filter(|s| s.receiving.load(Ordering::Acquire))
+    else {
         return false;
     };
     // Our own position, kept privately (the page's copy is the peer's to scribble on).
@@ -151,9 +155,24 @@ pub(crate) fn drain_ring(
 /// unless `fail_idle` is off and it has nothing to send: then it stays as it is, as on a
 /// fabric, where it could not tell (see [`crate::ContextOptions::fail_idle_qps_when_peer_goes`]).
 pub(crate) fn peer_gone(qp: &QpShared, fail_idle: bool) {
+    end_link(qp, None, fail_idle);
+}
+
+/// [`peer_gone`] for the link `id` only: a QP reset and linked anew since is left alone (the
+/// check and the end are one step under the link's lock).
+pub(crate) fn link_gone(qp: &QpShared, id: u64, fail_idle: bool) {
+    end_link(qp, Some(id), fail_idle);
+}
+
+fn end_link(qp: &QpShared, id: Option<u64>, fail_idle: bool) {
     if let Some(s) = &qp.shm {
+        let mut link = s.lock();
+        if id.is_some_and(|id| !matches!(&*link, Link::Linked(p) if p.id == id)) {
+            return;
+        }
         s.linked.store(false, Ordering::Release);
-        *s.lock() = Link::Broken;
+        s.receiving.store(false, Ordering::Release);
+        *link = Link::Broken;
     }
     let mut q = qp.qp.lock();
     q.peer_memory = None;
