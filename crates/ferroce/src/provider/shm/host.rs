@@ -88,7 +88,10 @@ pub(super) fn peer_cred(sock: RawFd) -> io::Result<PeerCred> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LinkPolicy {
     uid: u32,
-    /// `FERROCE_SHM_GROUP`: peers whose gid is this are admitted too.
+    /// `FERROCE_SHM_GROUP`: peers whose primary gid is this are admitted too, and trusted as
+    /// the same user is: a linked peer maps this context's key table and QP pages writable
+    /// (a peer of the same uid could open them through `/proc` anyway; one of the group could
+    /// not, and is given that power by this opt-in).
     group: Option<u32>,
 }
 
