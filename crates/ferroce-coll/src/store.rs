@@ -580,7 +580,16 @@ impl Store {
                 stats.admitted += 1;
             }
             if slots.iter().all(Option::is_some) {
-                break;
+                // A rank whose connection broke after it was admitted is not counted in: the
+                // job would form with it and fail at once. Its retry takes its place.
+                for slot in slots.iter_mut() {
+                    if slot.as_ref().is_some_and(|s| !alive(s)) {
+                        *slot = None;
+                    }
+                }
+                if slots.iter().all(Option::is_some) {
+                    break;
+                }
             }
             if Instant::now() > deadline {
                 let missing: Vec<usize> =
