@@ -8,6 +8,8 @@ import os
 import socket
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 from _prereq import require_module  # noqa: E402
 
