@@ -87,7 +87,19 @@ def test_torchrun_trains_the_example_on_ferroce_as_on_gloo():
                 cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
             )
             # The port was free a moment before torchrun bound it; another may take it first.
-            if "address already in use" not in (run.stdout + run.stderr).lower():
+            port_taken = "address already in use" in (run.stdout + run.stderr).lower()
+            # A rank that finished (the checksum line is printed after the last collective)
+            # and then died in C++ teardown ("terminate called without an active exception",
+            # SIGABRT, seen about once in ten loaded runs and never alone; see issue #31):
+            # tried again, at most twice, so that anything else still fails at once.
+            teardown_abort = (
+                run.returncode != 0
+                and "same on all ranks: True" in run.stdout
+                and "terminate called without an active exception" in run.stderr
+            )
+            if teardown_abort:
+                print(f"{backend}: a rank aborted in teardown after training; trying again")
+            if not (port_taken or teardown_abort):
                 break
         assert run.returncode == 0, run.stdout + run.stderr
         losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", run.stdout)]
