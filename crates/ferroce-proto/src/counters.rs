@@ -45,8 +45,20 @@ counters! {
         sent_bytes,
         /// Payload bytes received (`rcvd_bytes`).
         rcvd_bytes,
-        /// Request packets sent again by go-back-N (`retransmits`).
+        /// Request packets sent again, by go-back-N or one by one (`retransmits`).
         retransmits,
+        /// Of those, packets sent again alone because a selective-repeat peer reported them
+        /// missing.
+        sr_retransmits,
+        /// Fast retransmission timeouts (from the measured RTT) that resent from the oldest
+        /// unacknowledged PSN without spending the retry budget.
+        rto_fired,
+        /// Request packets that arrived after a gap and were kept until it was filled
+        /// (selective repeat).
+        ooo_held,
+        /// Request packets that arrived after a gap and could not be kept (beyond the reorder
+        /// buffer's reach, or a copy already kept).
+        ooo_dropped,
         /// Requests received with a PSN already seen (`duplicate_request`).
         duplicate_request,
         /// Requests received ahead of the expected PSN (`out_of_seq_request`).
@@ -107,27 +119,31 @@ mod tests {
             sent_bytes: 3,
             rcvd_bytes: 4,
             retransmits: 5,
-            duplicate_request: 6,
-            out_of_seq_request: 7,
-            send_seq_nak: 8,
-            rcvd_seq_err: 9,
-            implied_nak_seq_err: 10,
-            send_rnr_err: 11,
-            rcvd_rnr_err: 12,
-            completer_retry_err: 13,
-            retry_exceeded_err: 14,
-            retry_rnr_exceeded_err: 15,
-            rkey_violations: 16,
-            send_invalid_request: 17,
-            send_remote_op_err: 18,
-            req_remote_access_errors: 19,
-            req_remote_invalid_request: 20,
-            remote_op_err: 21,
-            duplicate_response: 22,
-            dropped_bad_state: 23,
-            acks_sent: 24,
-            rdma_sends: 25,
-            rdma_recvs: 26,
+            sr_retransmits: 6,
+            rto_fired: 7,
+            ooo_held: 8,
+            ooo_dropped: 9,
+            duplicate_request: 10,
+            out_of_seq_request: 11,
+            send_seq_nak: 12,
+            rcvd_seq_err: 13,
+            implied_nak_seq_err: 14,
+            send_rnr_err: 15,
+            rcvd_rnr_err: 16,
+            completer_retry_err: 17,
+            retry_exceeded_err: 18,
+            retry_rnr_exceeded_err: 19,
+            rkey_violations: 20,
+            send_invalid_request: 21,
+            send_remote_op_err: 22,
+            req_remote_access_errors: 23,
+            req_remote_invalid_request: 24,
+            remote_op_err: 25,
+            duplicate_response: 26,
+            dropped_bad_state: 27,
+            acks_sent: 28,
+            rdma_sends: 29,
+            rdma_recvs: 30,
         }
     }
 

@@ -9,18 +9,23 @@
 #![forbid(unsafe_code)]
 
 pub mod attr;
+pub mod cc;
 pub mod completion;
 pub mod counters;
 mod emit;
 pub mod memory;
+pub mod pacer;
 pub mod qp;
+pub mod reorder;
 pub mod requester;
 pub mod responder;
+pub mod rtt;
 pub mod sim;
 pub mod time;
 pub mod wr;
 
 pub use attr::{InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr};
+pub use cc::{CcAlgorithm, CcConfig};
 pub use completion::{WcOpcode, WcStatus, WorkCompletion};
 pub use counters::Counters;
 pub use memory::{Access, AtomicOp, KeyKind, Memory, MemoryError, Sge, VecMemory};

@@ -25,9 +25,11 @@ use ferroce_wire::{PacketRepr, Psn, RocePacket, WireError};
 use crate::attr::{
     ack_timeout, InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr, MAX_MESSAGE_LEN,
 };
+use crate::cc::CcConfig;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::counters::Counters;
 use crate::memory::{Access, Memory};
+use crate::reorder::ReorderBuffer;
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::time::Instant;
@@ -86,6 +88,11 @@ pub(crate) struct Params {
     /// How many unsignaled SEND/WRITE messages in a row may go without asking for an ACK
     /// (0: every message asks), set by [`QueuePair::set_peer_acks_unasked`].
     pub unasked_run: u32,
+    /// Congestion control of the requester (see [`crate::cc`]).
+    pub cc: crate::cc::CcConfig,
+    /// The peer keeps packets that arrive after a gap, and so does this side (negotiated; see
+    /// [`QueuePair::set_selective_repeat`]).
+    pub selective_repeat: bool,
 }
 
 /// What the requester and responder share with the QP during one call.
@@ -115,6 +122,8 @@ pub struct QueuePair {
     state: QpState,
     pub(crate) req: Requester,
     pub(crate) resp: Responder,
+    /// Requests kept ahead of a gap (selective repeat only).
+    reorder: ReorderBuffer,
     completions: CompletionQueue,
     counters: Counters,
 }
@@ -138,11 +147,14 @@ impl QueuePair {
                 max_dest_rd_atomic: 1,
                 min_rnr_timer: 12,
                 unasked_run: 0,
+                cc: crate::cc::CcConfig::default(),
+                selective_repeat: false,
             },
             caps,
             state: QpState::Reset,
             req: Requester::default(),
             resp: Responder::default(),
+            reorder: ReorderBuffer::default(),
             completions: VecDeque::new(),
             counters: Counters::default(),
         }
@@ -297,6 +309,7 @@ impl QueuePair {
         self.state = QpState::Reset;
         self.req = Requester::default();
         self.resp = Responder::default();
+        self.reorder.clear();
         self.completions.clear();
     }
 
@@ -325,7 +338,55 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Turns selective repeat on or off, for both directions: this side's responder keeps
+    /// requests that arrive after a gap (see [`crate::reorder`]), and its requester takes a
+    /// sequence-error NAK as one missing packet and sends only it again. Only for a peer that
+    /// does the same (ferroce negotiates it in its connection exchange); a standard responder
+    /// drops what follows a gap, so toward it a QP must keep go-back-N (the default). Allowed
+    /// in any state.
+    pub fn set_selective_repeat(&mut self, on: bool) {
+        self.params.selective_repeat = on;
+        self.req.set_selective_repeat(on);
+        if !on {
+            self.reorder.clear();
+        }
+    }
+
+    /// Whether selective repeat is on.
+    pub fn selective_repeat(&self) -> bool {
+        self.params.selective_repeat
+    }
+
+    /// Sets the requester's congestion control (see [`crate::cc`]); the window starts over.
+    /// Allowed in any state.
+    pub fn set_congestion_control(&mut self, config: CcConfig) {
+        self.params.cc = config;
+        self.req.set_congestion_control(config);
+    }
+
+    /// The congestion control in force.
+    pub fn congestion_control(&self) -> CcConfig {
+        self.params.cc
+    }
+
+    /// The congestion window in packets, once the QP sends and while a controller runs.
+    pub fn congestion_window(&self) -> Option<f64> {
+        self.req.congestion_window()
+    }
+
+    /// The path's smoothed round-trip time, once measured.
+    pub fn smoothed_rtt(&self) -> Option<core::time::Duration> {
+        self.req.rtt().srtt()
+    }
+
+    /// Caps the rate at which data packets leave (bytes per second), or lifts the cap: the
+    /// hook for an ECN reaction point.
+    pub fn set_rate_cap(&mut self, cap: Option<u64>) {
+        self.req.set_rate_cap(cap);
+    }
+
     fn enter_error(&mut self) {
+        self.reorder.clear();
         self.state = QpState::Error;
         self.req.flush(&self.params, &mut self.completions);
         self.resp.flush(&self.params, &mut self.completions);
@@ -426,6 +487,45 @@ impl QueuePair {
         mem: &mut dyn Memory,
         bytes: &[u8],
     ) -> Result<(), WireError> {
+        let expected = self.resp.expected_psn();
+        let at_expected = self.handle_one(now, mem, bytes)?;
+        if !self.params.selective_repeat || self.reorder.is_empty() {
+            return Ok(());
+        }
+        if at_expected && self.resp.expected_psn() == expected {
+            // The in-order path stopped (RNR or an error): the requester goes back anyway.
+            self.reorder.clear();
+            return Ok(());
+        }
+        // Feed what was kept behind the gap through the in-order path.
+        while self.serves_requests() {
+            let next = self.resp.expected_psn();
+            let Some(kept) = self.reorder.take(next) else {
+                break;
+            };
+            let r = self.handle_one(now, mem, &kept);
+            self.reorder.recycle(kept);
+            if r.is_err() || self.resp.expected_psn() == next {
+                self.reorder.clear();
+                break;
+            }
+        }
+        if !self.serves_requests() {
+            self.reorder.clear();
+        } else if !self.reorder.is_empty() {
+            // Another hole: report it now rather than when the next packet arrives.
+            self.resp.nak_gap(&mut self.counters);
+        }
+        Ok(())
+    }
+
+    /// Handles one packet; returns whether it was a request at the expected PSN.
+    fn handle_one(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        bytes: &[u8],
+    ) -> Result<bool, WireError> {
         let pkt = RocePacket::new_checked(bytes)?;
         let repr = PacketRepr::parse(&pkt)?;
         let info = repr.info()?;
@@ -443,7 +543,17 @@ impl QueuePair {
         };
         if !serves || info.transport != ferroce_wire::opcode::Transport::Rc {
             self.counters.dropped_bad_state += 1;
-            return Ok(());
+            return Ok(false);
+        }
+        let ahead = repr.bth.psn.signed_distance_from(self.resp.expected_psn());
+        if !is_response && ahead > 0 && self.params.selective_repeat {
+            match self
+                .reorder
+                .hold(self.resp.expected_psn(), repr.bth.psn, bytes)
+            {
+                Ok(()) => self.counters.ooo_held += 1,
+                Err(_) => self.counters.ooo_dropped += 1,
+            }
         }
         self.counters.rcvd_pkts += 1;
         self.counters.rcvd_bytes += repr.payload_len as u64;
@@ -464,7 +574,7 @@ impl QueuePair {
         if ctx.fatal {
             self.enter_error();
         }
-        Ok(())
+        Ok(!is_response && ahead == 0)
     }
 
     /// Handles the expiry of the timers [`Self::next_timeout`] announced.

@@ -79,12 +79,15 @@ use ferroce_wire::reth::RethRepr;
 use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn};
 
 use crate::attr::{ack_timeout, RNR_RETRY_INFINITE};
+use crate::cc::{CcConfig, Controller};
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::counters::Counters;
 use crate::emit;
 use crate::memory::{Access, KeyKind, Memory, Sge};
+use crate::pacer::{window_rate, Pacer};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
 use crate::responder::{walk_sges, UNASKED_ACK_DELAY};
+use crate::rtt::RttEstimator;
 use crate::time::Instant;
 use crate::wr::{SendOp, SendWr};
 use core::time::Duration;
@@ -162,6 +165,16 @@ impl SendWqe {
     }
 }
 
+/// The payload of SEND or WRITE packet `k` of `w`, for pacing; `None` for READ and atomic
+/// requests, which carry none and are not paced.
+fn paced_len(w: &SendWqe, k: u32) -> Option<u64> {
+    if w.wr.op.is_read_or_atomic() {
+        return None;
+    }
+    let mtu = u64::from(if w.started { w.mtu } else { 0 }.max(1));
+    Some((w.len - (u64::from(k) * mtu).min(w.len)).min(mtu))
+}
+
 fn packets_for(len: u64, mtu: u32) -> u32 {
     (len.div_ceil(u64::from(mtu))).max(1) as u32
 }
@@ -198,6 +211,30 @@ fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkC
         src_qp: None,
     }
 }
+
+/// What the requester remembers of one PSN it sent: for RTT samples (Karn's rule) and to tell
+/// a NAK for a hole it already refilled from news.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stamp {
+    psn: u32,
+    /// When it last left.
+    at: Instant,
+    /// It asked for an acknowledgement (only those answer without delay).
+    asked: bool,
+    /// It left more than once.
+    resent: bool,
+}
+
+/// Smallest retransmission timeout toward a peer that keeps out-of-order packets (a spurious
+/// timeout costs one packet), and toward any other peer (where it costs a window).
+pub const RTO_MIN_SELECTIVE: Duration = Duration::from_micros(300);
+/// See [`RTO_MIN_SELECTIVE`].
+pub const RTO_MIN_GO_BACK_N: Duration = Duration::from_millis(1);
+/// The clock granularity term of the RTO (RFC 6298's G): engine wake-ups are this coarse.
+const RTO_GRANULARITY: Duration = Duration::from_micros(100);
+/// Bytes a data packet costs on the wire beyond its payload, for pacing: Ethernet, IPv4, UDP,
+/// BTH, RETH and ICRC.
+const WIRE_OVERHEAD: u64 = 14 + 20 + 8 + 12 + 16 + 4;
 
 /// The send side of a QP.
 #[derive(Debug, Default)]
@@ -241,6 +278,35 @@ pub(crate) struct Requester {
     /// posted by reference is copied into one of these, so posting and retiring a request
     /// allocates and frees nothing once a few have gone through.
     spare_sgls: Vec<Vec<Sge>>,
+    /// RTT of the path, from this side's own stamps.
+    rtt: RttEstimator,
+    /// The congestion window (see [`crate::cc`]); `None` until the QP starts sending.
+    cc: Option<Controller>,
+    /// Spreads data packets over the round trip (see [`crate::pacer`]).
+    pacer: Pacer,
+    /// When the pacer lets the next data packet leave, while one waits.
+    paced_until: Option<Instant>,
+    /// A rate cap in bytes per second from an ECN reaction point, if one applies.
+    rate_cap: Option<u64>,
+    /// The last transmission of each PSN in flight, indexed by PSN modulo
+    /// [`MAX_UNACKED_PSNS`] (allocated at the first send).
+    stamps: Vec<Stamp>,
+    /// A queueing delay measured since the last acknowledgement was counted.
+    fresh_delay: Option<Duration>,
+    /// Fast retransmission deadline, from the measured RTT: it resends without spending the
+    /// IBTA retry budget, which only `timer` (the QP's `timeout` attribute) spends.
+    rto_timer: Option<Instant>,
+    /// Consecutive fast retransmission timeouts (each doubles the next).
+    rto_backoff: u32,
+    /// The last packet sent did not ask for an acknowledgement (its ACK may be held).
+    last_unasked: bool,
+    /// The peer keeps packets that arrive after a gap (negotiated): a sequence-error NAK then
+    /// means "this PSN is missing", and only it is sent again.
+    selective: bool,
+    /// PSNs to send again one by one (selective repeat), before new packets.
+    resend: VecDeque<Psn>,
+    /// The next packet built asks for an acknowledgement whatever the rules say.
+    force_ack_req: bool,
 }
 
 /// How many retired scatter/gather lists a requester keeps for reuse.
@@ -252,6 +318,41 @@ impl Requester {
         self.una = sq_psn;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
+        self.cc = Some(Controller::new(p.cc, MAX_UNACKED_PSNS));
+        self.selective = p.selective_repeat;
+    }
+
+    /// Changes the congestion control (the window starts over).
+    pub fn set_congestion_control(&mut self, config: CcConfig) {
+        if self.cc.is_some() {
+            self.cc = Some(Controller::new(config, MAX_UNACKED_PSNS));
+        }
+    }
+
+    /// Tells the requester whether the peer keeps packets that arrive after a gap.
+    pub fn set_selective_repeat(&mut self, on: bool) {
+        self.selective = on;
+        if !on {
+            self.resend.clear();
+        }
+    }
+
+    /// Caps the pacing rate (bytes per second), or lifts the cap.
+    pub fn set_rate_cap(&mut self, cap: Option<u64>) {
+        self.rate_cap = cap;
+    }
+
+    /// The RTT estimator.
+    pub fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+
+    /// The congestion window in packets, if a controller runs.
+    pub fn congestion_window(&self) -> Option<f64> {
+        self.cc
+            .as_ref()
+            .filter(|c| c.enabled())
+            .map(Controller::cwnd)
     }
 
     pub fn len(&self) -> usize {
@@ -299,11 +400,74 @@ impl Requester {
     }
 
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.timer.into_iter().chain(self.rnr_until).min()
+        [self.timer, self.rnr_until, self.rto_timer, self.paced_until]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn srtt(&self) -> Duration {
+        self.rtt.srtt().unwrap_or(RTO_GRANULARITY)
+    }
+
+    /// The fast retransmission timeout now.
+    fn rto(&self, p: &Params) -> Option<Duration> {
+        let ceiling = ack_timeout(p.timeout)?;
+        let floor = if self.selective {
+            RTO_MIN_SELECTIVE
+        } else {
+            RTO_MIN_GO_BACK_N
+        };
+        let mut rto = self.rtt.rto(RTO_GRANULARITY, floor, ceiling);
+        if self.last_unasked {
+            rto += UNASKED_ACK_DELAY;
+        }
+        Some((rto * (1u32 << self.rto_backoff.min(16))).min(ceiling))
+    }
+
+    fn arm_rto(&mut self, p: &Params, now: Instant) {
+        self.rto_timer = self.rto(p).map(|d| now + d);
+    }
+
+    fn stamp(&mut self, psn: Psn, now: Instant, asked: bool) {
+        if self.stamps.is_empty() {
+            self.stamps = vec![Stamp::default(); MAX_UNACKED_PSNS as usize];
+        }
+        let s = &mut self.stamps[(psn.value() % MAX_UNACKED_PSNS) as usize];
+        let resent = s.psn == psn.value() && s.at != Instant::ZERO;
+        *s = Stamp {
+            psn: psn.value(),
+            at: now,
+            asked,
+            resent,
+        };
+    }
+
+    fn stamp_of(&self, psn: Psn) -> Option<Stamp> {
+        self.stamps
+            .get((psn.value() % MAX_UNACKED_PSNS) as usize)
+            .filter(|s| s.psn == psn.value() && s.at != Instant::ZERO)
+            .copied()
+    }
+
+    /// Takes an RTT sample from the answer to `psn`, if it is a clean one: the packet asked for
+    /// its answer and left once, and is still unacknowledged (the answer is news).
+    fn sample(&mut self, now: Instant, psn: Psn) {
+        if psn.is_before(self.una) {
+            return;
+        }
+        let Some(s) = self.stamp_of(psn) else { return };
+        if !s.asked || s.resent {
+            return;
+        }
+        let rtt = now.saturating_since(s.at);
+        self.rtt.on_sample(now, rtt);
+        self.fresh_delay = Some(rtt.saturating_sub(self.rtt.min_rtt()));
     }
 
     fn arm(&mut self, p: &Params, now: Instant) {
         self.timer = ack_timeout(p.timeout).map(|d| now + d);
+        self.arm_rto(p, now);
     }
 
     fn any_outstanding(&self) -> bool {
@@ -341,6 +505,9 @@ impl Requester {
         self.cursor = 0;
         self.timer = None;
         self.rnr_until = None;
+        self.rto_timer = None;
+        self.paced_until = None;
+        self.resend.clear();
     }
 
     /// Marks the request holding `psn` (or the oldest unfinished one) as failed.
@@ -386,26 +553,22 @@ impl Requester {
 
     /// Retries from `psn` after a sequence-error NAK, an implied NAK or a timeout. Returns
     /// `true` when the retry budget is spent (the request failed, the QP must go to ERR).
-    fn retry(&mut self, counters: &mut Counters, psn: Psn) -> bool {
-        self.retry_after(counters, psn, false)
+    fn retry(&mut self, counters: &mut Counters, now: Instant, psn: Psn) -> bool {
+        self.retry_after(counters, now, psn, false)
     }
 
     /// [`Self::retry`], after a local ACK timeout if `timed_out`.
-    fn retry_after(&mut self, counters: &mut Counters, psn: Psn, timed_out: bool) -> bool {
+    fn retry_after(
+        &mut self,
+        counters: &mut Counters,
+        now: Instant,
+        psn: Psn,
+        timed_out: bool,
+    ) -> bool {
         if self.is_echo(psn) {
             return false;
         }
-        let read = self
-            .sq
-            .iter()
-            .find(|w| w.result.is_none() && w.contains(psn))
-            .is_some_and(|w| w.wr.op == SendOp::Read);
-        let recovering = read && self.read_recover.is_some_and(|r| self.una.is_before(r));
-        if timed_out || !recovering {
-            self.loss_window = (self.window() / 2).max(MIN_LOSS_WINDOW);
-            self.window_una = self.una;
-            self.read_recover = read.then(|| psn.add(self.window()));
-        }
+        self.note_loss(now, psn, timed_out);
         if self.retry_left == 0 {
             counters.retry_exceeded_err += 1;
             self.fail_at(psn, WcStatus::TransportRetryExceeded);
@@ -416,8 +579,32 @@ impl Requester {
         false
     }
 
+    /// Shrinks the window for a loss at `psn` (a timeout if `timed_out`): the congestion
+    /// controller's, or without one the loss window.
+    fn note_loss(&mut self, now: Instant, psn: Psn, timed_out: bool) {
+        let read = self
+            .sq
+            .iter()
+            .find(|w| w.result.is_none() && w.contains(psn))
+            .is_some_and(|w| w.wr.op == SendOp::Read);
+        let recovering = read && self.read_recover.is_some_and(|r| self.una.is_before(r));
+        if timed_out || !recovering {
+            let srtt = self.srtt();
+            match self.cc.as_mut().filter(|c| c.enabled()) {
+                Some(cc) if timed_out => cc.on_timeout(now),
+                Some(cc) => cc.on_loss(now, srtt),
+                None => self.loss_window = (self.window() / 2).max(MIN_LOSS_WINDOW),
+            }
+            self.window_una = self.una;
+            self.read_recover = read.then(|| psn.add(self.window()));
+        }
+    }
+
     /// PSNs that may be outstanding now.
     fn window(&self) -> u32 {
+        if let Some(cc) = self.cc.as_ref().filter(|c| c.enabled()) {
+            return cc.window_packets().min(MAX_UNACKED_PSNS);
+        }
         if self.loss_window == 0 {
             MAX_UNACKED_PSNS
         } else {
@@ -426,10 +613,18 @@ impl Requester {
     }
 
     fn progress(&mut self, p: &Params, now: Instant) {
-        if self.loss_window != 0 {
-            let grown = self.loss_window + self.una.distance_from(self.window_una);
-            self.loss_window = if grown >= MAX_UNACKED_PSNS { 0 } else { grown };
+        let acked = self.una.distance_from(self.window_una);
+        let srtt = self.srtt();
+        let delay = self.fresh_delay.take();
+        match self.cc.as_mut().filter(|c| c.enabled()) {
+            Some(cc) => cc.on_ack(now, acked, delay, srtt),
+            None if self.loss_window != 0 => {
+                let grown = self.loss_window + acked;
+                self.loss_window = if grown >= MAX_UNACKED_PSNS { 0 } else { grown };
+            }
+            None => {}
         }
+        self.rto_backoff = 0;
         self.window_una = self.una;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
@@ -438,6 +633,7 @@ impl Requester {
             self.arm(p, now);
         } else {
             self.timer = None;
+            self.rto_timer = None;
         }
     }
 
@@ -488,7 +684,7 @@ impl Requester {
             if !self.is_echo(psn) {
                 ctx.counters.implied_nak_seq_err += 1;
             }
-            if self.retry(ctx.counters, psn) {
+            if self.retry(ctx.counters, now, psn) {
                 ctx.fatal = true;
             }
             return false;
@@ -516,6 +712,7 @@ impl Requester {
             let Some(aeth) = repr.ext.aeth else { return };
             match aeth.syndrome {
                 Syndrome::Ack { .. } => {
+                    self.sample(now, psn);
                     self.ack_before(ctx, now, psn.next());
                 }
                 Syndrome::RnrNak { timer } => {
@@ -532,6 +729,8 @@ impl Requester {
                             let wait = Duration::from_micros(rnr_timer_micros(timer).into());
                             self.rnr_until = Some(now + wait);
                             self.timer = None;
+                            self.rto_timer = None;
+                            self.resend.clear();
                             self.go_back(psn);
                             self.gone_back_to = None;
                         }
@@ -539,7 +738,10 @@ impl Requester {
                 }
                 Syndrome::Nak(NakCode::PsnSequenceError) => {
                     ctx.counters.rcvd_seq_err += 1;
-                    if self.ack_before(ctx, now, psn) && self.retry(ctx.counters, psn) {
+                    if self.ack_before(ctx, now, psn)
+                        && !self.resend_one(ctx, now, psn)
+                        && self.retry(ctx.counters, now, psn)
+                    {
                         ctx.fatal = true;
                     }
                 }
@@ -578,6 +780,7 @@ impl Requester {
             ctx.counters.duplicate_response += 1;
             return;
         }
+        self.sample(now, psn);
         if !self.ack_before(ctx, now, psn) {
             return;
         }
@@ -625,6 +828,18 @@ impl Requester {
         payload: &[u8],
     ) {
         let psn = repr.bth.psn;
+        // The first answer to a READ sent once times the round trip of its request.
+        if let Some(first) = self
+            .sq
+            .iter()
+            .find(|w| w.result.is_none() && w.contains(psn))
+            .filter(|w| w.wr.op == SendOp::Read && !w.retried && w.acked == 0)
+            .map(|w| w.first_psn)
+        {
+            if first == psn {
+                self.sample(now, first);
+            }
+        }
         if !self.place_ahead(ctx, repr, payload) {
             return;
         }
@@ -715,19 +930,40 @@ impl Requester {
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
         }
+        if self.paced_until.is_some_and(|t| t <= now) {
+            self.paced_until = None;
+        }
         if self.timer.is_some_and(|t| t <= now) {
             self.timer = None;
             if !self.any_outstanding() {
+                self.rto_timer = None;
                 return false;
             }
             counters.completer_retry_err += 1;
             let una = self.una;
             // A timeout always rewinds, even to a PSN a NAK already rewound to.
             self.gone_back_to = None;
-            if self.retry_after(counters, una, true) {
+            self.resend.clear();
+            self.rto_backoff = self.rto_backoff.saturating_add(1);
+            self.rto_timer = None;
+            if self.retry_after(counters, now, una, true) {
                 return true;
             }
-            let _ = p;
+        } else if self.rto_timer.is_some_and(|t| t <= now) {
+            // The fast timeout: resend from the oldest unacknowledged PSN, as the IBTA
+            // timeout does, without spending the retry budget (the IBTA timer above still
+            // runs from the last progress and spends it).
+            self.rto_timer = None;
+            if self.any_outstanding() && self.rnr_until.is_none() {
+                counters.rto_fired += 1;
+                self.rto_backoff = self.rto_backoff.saturating_add(1);
+                let una = self.una;
+                self.note_loss(now, una, true);
+                self.gone_back_to = None;
+                self.resend.clear();
+                self.go_back(una);
+                self.arm_rto(p, now);
+            }
         }
         false
     }
@@ -751,8 +987,44 @@ impl Requester {
         if self.rnr_until.is_some() {
             return None;
         }
+        self.paced_until = None;
         let p = ctx.p;
         let mtu = p.mtu;
+        // Selective repeat: the holes the peer reported go first, one packet each.
+        while let Some(&psn) = self.resend.front() {
+            let Some((i, k)) = self.resendable(psn) else {
+                self.resend.pop_front();
+                continue;
+            };
+            let len = paced_len(&self.sq[i], k).unwrap_or(0);
+            if let Err(at) = self.pace(p, now, len) {
+                self.paced_until = Some(at);
+                return None;
+            }
+            self.resend.pop_front();
+            let saved = (self.sq[i].sent, self.since_ack_req, self.unasked_messages);
+            self.sq[i].sent = k;
+            self.force_ack_req = true;
+            let res = self.build(ctx, now, i, buf);
+            self.force_ack_req = false;
+            self.sq[i].sent = saved.0;
+            (self.since_ack_req, self.unasked_messages) = (saved.1, saved.2);
+            match res {
+                Ok(n) => {
+                    ctx.counters.sr_retransmits += 1;
+                    if self.timer.is_none() {
+                        self.arm(p, now);
+                    }
+                    return Some(n);
+                }
+                Err(status) => {
+                    self.sq[i].result = Some(status);
+                    ctx.fatal = true;
+                    self.retire(p, ctx.counters, cq);
+                    return None;
+                }
+            }
+        }
         loop {
             let i = self.cursor;
             let w = self.sq.get(i)?;
@@ -800,7 +1072,13 @@ impl Requester {
             if psn.distance_from(self.una) >= self.window() {
                 return None;
             }
-            let res = self.build(ctx, i, buf);
+            if let Some(len) = paced_len(w, w.sent) {
+                if let Err(at) = self.pace(p, now, len) {
+                    self.paced_until = Some(at);
+                    return None;
+                }
+            }
+            let res = self.build(ctx, now, i, buf);
             match res {
                 Ok(n) => {
                     if self.timer.is_none() {
@@ -818,8 +1096,72 @@ impl Requester {
         }
     }
 
+    /// Where a selective resend of `psn` is: `(request index, packet number)`, if `psn` is a
+    /// SEND or WRITE packet that was sent and is not acknowledged. READ and atomic requests are
+    /// never resent one PSN at a time (a NAK for them goes back as in go-back-N).
+    fn resendable(&self, psn: Psn) -> Option<(usize, u32)> {
+        let i = self
+            .sq
+            .iter()
+            .position(|w| w.result.is_none() && w.contains(psn))?;
+        let w = &self.sq[i];
+        let k = psn.distance_from(w.first_psn);
+        (!w.wr.op.is_read_or_atomic() && k >= w.acked && k < w.high_sent).then_some((i, k))
+    }
+
+    /// Takes a sequence-error NAK for `psn` as one lost packet when the peer keeps what
+    /// arrived after it (selective repeat): queues `psn` alone to be sent again. Returns
+    /// `false` when go-back-N must handle it instead (no selective repeat, or a READ or atomic).
+    /// A NAK for a hole refilled less than a round trip ago is news already acted on.
+    fn resend_one(&mut self, ctx: &mut Ctx<'_>, now: Instant, psn: Psn) -> bool {
+        if !self.selective || self.resendable(psn).is_none() {
+            return false;
+        }
+        let srtt = self.srtt();
+        let recent = self
+            .stamp_of(psn)
+            .is_some_and(|s| s.resent && now.saturating_since(s.at) < srtt);
+        if recent || self.resend.contains(&psn) {
+            return true;
+        }
+        if let Some(cc) = self.cc.as_mut() {
+            cc.on_loss(now, srtt);
+        }
+        if self.retry_left == 0 {
+            ctx.counters.retry_exceeded_err += 1;
+            self.fail_at(psn, WcStatus::TransportRetryExceeded);
+            ctx.fatal = true;
+            return true;
+        }
+        self.retry_left -= 1;
+        self.resend.push_back(psn);
+        true
+    }
+
+    /// Whether a data packet of `len` bytes may leave now (see [`crate::pacer`]); if not, when.
+    fn pace(&mut self, p: &Params, now: Instant, len: u64) -> Result<(), Instant> {
+        let Some(cc) = self.cc.as_ref().filter(|c| c.enabled()) else {
+            return Ok(());
+        };
+        let Some(srtt) = self.rtt.srtt() else {
+            return Ok(());
+        };
+        let packet = u64::from(p.mtu) + WIRE_OVERHEAD;
+        let mut rate = window_rate(cc.cwnd(), packet, srtt);
+        if let Some(cap) = self.rate_cap {
+            rate = rate.min(cap);
+        }
+        self.pacer.take(now, rate, packet, len + WIRE_OVERHEAD)
+    }
+
     /// Builds the packet at `sent` of request `i` and advances it.
-    fn build(&mut self, ctx: &mut Ctx<'_>, i: usize, buf: &mut [u8]) -> Result<usize, WcStatus> {
+    fn build(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+        i: usize,
+        buf: &mut [u8],
+    ) -> Result<usize, WcStatus> {
         let p = ctx.p;
         let window_end = self.una.add(self.window() - 1);
         let pieces_allowed = self.outstanding_rd_atomic(i) == 0;
@@ -928,7 +1270,8 @@ impl Requester {
                     && ack_timeout(p.timeout).is_some_and(|t| t >= 4 * UNASKED_ACK_DELAY);
                 let ack_req = (last && !unasked)
                     || self.since_ack_req >= ACK_REQ_INTERVAL
-                    || psn == window_end;
+                    || psn == window_end
+                    || self.force_ack_req;
                 if last {
                     self.unasked_messages = if ack_req {
                         0
@@ -962,6 +1305,10 @@ impl Requester {
             ctx.counters.retransmits += 1;
         }
         w.high_sent = w.high_sent.max(w.sent);
+        // Every request asks for its answer except data packets that leave the bit clear.
+        let asked = buf.get(8).is_some_and(|b| b & 0x80 != 0);
+        self.last_unasked = !asked;
+        self.stamp(psn, now, asked);
         Ok(n)
     }
 

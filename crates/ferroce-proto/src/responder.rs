@@ -291,6 +291,16 @@ impl Responder {
         });
     }
 
+    /// Reports the gap at the expected PSN with a sequence-error NAK, unless one was sent since
+    /// it last moved: selective repeat, after filling one hole, names the next at once.
+    pub fn nak_gap(&mut self, counters: &mut Counters) {
+        if !self.nak_sent {
+            self.nak_sent = true;
+            counters.send_seq_nak += 1;
+            self.queue_nak(self.epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+        }
+    }
+
     fn queue_nak(&mut self, psn: Psn, syndrome: Syndrome) {
         self.out.push_back(Response::Ack {
             psn,

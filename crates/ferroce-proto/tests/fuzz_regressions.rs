@@ -291,6 +291,11 @@ fn requester(mtu: PathMtu) -> (QueuePair, VecMemory, (u64, u32), (u64, u32)) {
         max_rd_atomic: 4,
     })
     .unwrap();
+    // Whole messages leave at once here: no congestion window in the way.
+    qp.set_congestion_control(ferroce_proto::CcConfig {
+        algorithm: ferroce_proto::CcAlgorithm::Off,
+        ..Default::default()
+    });
     (qp, mem, src, dst)
 }
 

@@ -20,6 +20,12 @@ const A_PSN: u32 = 1000;
 const B_PSN: u32 = 5000;
 
 /// Two QPs in RTS, each pointing at the other, MTU 256, 16 READ/atomic resources each way.
+/// No congestion control: the loss window alone (what these cases follow packet by packet).
+const OFF: ferroce_proto::CcConfig = ferroce_proto::CcConfig {
+    algorithm: ferroce_proto::CcAlgorithm::Off,
+    target_delay: ferroce_proto::cc::DEFAULT_TARGET_DELAY,
+};
+
 fn pair() -> (QueuePair, QueuePair) {
     let make = |qpn, peer, sq, rq| {
         let rtr = RtrAttr {
@@ -32,7 +38,10 @@ fn pair() -> (QueuePair, QueuePair) {
             max_rd_atomic: 16,
             ..default_rts()
         };
-        connected_qp(qpn, QpCaps::default(), &rtr, &rts)
+        let mut qp = connected_qp(qpn, QpCaps::default(), &rtr, &rts);
+        // These cases follow the loss window packet by packet: no congestion control.
+        qp.set_congestion_control(OFF);
+        qp
     };
     (
         make(A_QPN, B_QPN, A_PSN, B_PSN),

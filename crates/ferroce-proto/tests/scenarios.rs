@@ -58,6 +58,33 @@ fn five_thousand_lossy_scenarios_keep_every_promise() {
 }
 
 #[test]
+fn lossy_scenarios_with_selective_repeat_keep_every_promise() {
+    let (ops, retransmits) = run_seeds(1_000..3_500, |c| c.selective_repeat = true);
+    assert!(ops > 50_000, "{ops}");
+    assert!(retransmits > 5_000, "the faults must bite: {retransmits}");
+}
+
+#[test]
+fn heavy_loss_with_selective_repeat() {
+    run_seeds(50_000..50_200, |c| {
+        c.selective_repeat = true;
+        c.net.loss = 0.2;
+        c.qp_pairs = 8;
+        c.ops_per_qp = 12;
+    });
+}
+
+#[test]
+fn duplication_and_reordering_with_selective_repeat() {
+    run_seeds(60_000..60_300, |c| {
+        c.selective_repeat = true;
+        c.net.loss = 0.01;
+        c.net.duplicate = 0.3;
+        c.net.reorder = 0.3;
+    });
+}
+
+#[test]
 fn heavy_loss_on_many_queue_pairs() {
     run_seeds(50_000..50_200, |c| {
         c.net.loss = 0.2;

@@ -27,12 +27,17 @@ fn pair(timeout: u8) -> (Node, Node) {
             timeout,
             ..default_rts()
         };
-        let qp = connected_qp(
+        let mut qp = connected_qp(
             qpn,
             QpCaps::default(),
             &default_rtr(peer, Psn::new(100)),
             &rts,
         );
+        // Whole runs of messages leave at once here: no congestion window in the way.
+        qp.set_congestion_control(ferroce_proto::CcConfig {
+            algorithm: ferroce_proto::CcAlgorithm::Off,
+            ..Default::default()
+        });
         let mut mem = VecMemory::new();
         mem.register(1, BASE, 65_536, Access::ALL.with(Access::LOCAL_WRITE));
         Node { qp, mem }

@@ -53,6 +53,9 @@ pub struct ScenarioConfig {
     pub retry_cnt: u8,
     /// First PSN of each QP (to exercise wrap-around, put it near 2^24).
     pub start_psn: Option<u32>,
+    /// Both ends keep packets that arrive after a gap and resend only the holes (see
+    /// `QueuePair::set_selective_repeat`); off: go-back-N, as toward any IBTA peer.
+    pub selective_repeat: bool,
 }
 
 impl ScenarioConfig {
@@ -90,6 +93,7 @@ impl ScenarioConfig {
             } else {
                 None
             },
+            selective_repeat: false,
         }
     }
 }
@@ -247,6 +251,13 @@ pub fn run_with_trace(cfg: &ScenarioConfig, trace: bool) -> (ScenarioReport, Sim
         let psn_a = Psn::new(cfg.start_psn.unwrap_or(r.below(1 << 24) as u32));
         let psn_b = Psn::new(cfg.start_psn.unwrap_or(r.below(1 << 24) as u32));
         let (qa, qb) = connect_pair(&mut sim, nodes[0], nodes[1], cfg.mtu, rts, psn_a, psn_b);
+        if cfg.selective_repeat {
+            for (n, q) in [(nodes[0], qa), (nodes[1], qb)] {
+                if let Some(qp) = sim.nodes[n].qps.get_mut(&q) {
+                    qp.set_selective_repeat(true);
+                }
+            }
+        }
         for (ini, tgt, qi, qt) in [(0usize, 1usize, qa, qb), (1, 0, qb, qa)] {
             let (ni, nt) = (nodes[ini], nodes[tgt]);
             // Target region with random contents, mirrored by the model.

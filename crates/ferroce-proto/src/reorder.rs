@@ -1,0 +1,155 @@
+//! The responder's reorder buffer, for selective repeat.
+//!
+//! An IBTA responder drops every request packet that arrives after a gap and NAKs the gap once,
+//! so the requester must send everything from the gap on again (go-back-N): on a lossy path
+//! each drop costs a window. Between two ferroce peers that negotiated selective repeat, the
+//! responder instead keeps a copy of each packet that arrives ahead of the expected PSN (up to
+//! [`REORDER_CAPACITY`] PSNs ahead) and, once the gap is filled, feeds the kept packets through
+//! the same in-order path as if they had just arrived. Execution therefore stays in PSN order —
+//! opcode sequence, receive requests, MSN, the READ/atomic replay cache and exactly-once
+//! atomics are untouched — and only the holes travel twice. The buffer holds raw packets (the
+//! ICRC was checked on arrival) and is dropped whole whenever the in-order path stops (an RNR
+//! NAK or a fatal error): the requester then goes back as it would anyway.
+
+use ferroce_wire::Psn;
+
+/// How many PSNs past the expected one the buffer reaches. A requester's window is at most
+/// [`crate::requester::MAX_UNACKED_PSNS`]; packets beyond this reach are dropped (counted) and
+/// come again after the hole is filled.
+pub const REORDER_CAPACITY: u32 = 512;
+
+/// Why a packet was not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotHeld {
+    /// It is not ahead of the expected PSN, or too far ahead.
+    OutOfReach,
+    /// A copy is already kept.
+    Duplicate,
+}
+
+/// Packets kept ahead of a gap, by PSN.
+#[derive(Debug, Default)]
+pub struct ReorderBuffer {
+    /// Slot `psn % REORDER_CAPACITY`: the PSN and bytes kept there (allocated at the first
+    /// packet kept).
+    slots: Vec<Option<(u32, Vec<u8>)>>,
+    /// Packets kept.
+    held: usize,
+    /// Buffers of packets already fed back, for reuse.
+    spare: Vec<Vec<u8>>,
+}
+
+impl ReorderBuffer {
+    /// Keeps a copy of `bytes`, the packet with `psn`, while `expected` is the next PSN in
+    /// order.
+    pub fn hold(&mut self, expected: Psn, psn: Psn, bytes: &[u8]) -> Result<(), NotHeld> {
+        let d = psn.signed_distance_from(expected);
+        if d <= 0 || d as u32 >= REORDER_CAPACITY {
+            return Err(NotHeld::OutOfReach);
+        }
+        if self.slots.is_empty() {
+            self.slots = (0..REORDER_CAPACITY).map(|_| None).collect();
+        }
+        let slot = &mut self.slots[(psn.value() % REORDER_CAPACITY) as usize];
+        if slot.as_ref().is_some_and(|(p, _)| *p == psn.value()) {
+            return Err(NotHeld::Duplicate);
+        }
+        // A stale packet from before a wrap cannot be there: the buffer is emptied whenever
+        // the in-order path stops, and it only reaches less than its capacity ahead.
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        if let Some((_, old)) = slot.replace((psn.value(), buf)) {
+            self.spare.push(old);
+        } else {
+            self.held += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes the packet kept for `psn`, if any. Hand its buffer back with [`Self::recycle`].
+    pub fn take(&mut self, psn: Psn) -> Option<Vec<u8>> {
+        if self.held == 0 {
+            return None;
+        }
+        let slot = &mut self.slots[(psn.value() % REORDER_CAPACITY) as usize];
+        if slot.as_ref().is_some_and(|(p, _)| *p == psn.value()) {
+            self.held -= 1;
+            return slot.take().map(|(_, b)| b);
+        }
+        None
+    }
+
+    /// Returns a buffer from [`Self::take`] for reuse.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < 64 {
+            self.spare.push(buf);
+        }
+    }
+
+    /// Drops every packet kept.
+    pub fn clear(&mut self) {
+        if self.held == 0 {
+            return;
+        }
+        for slot in &mut self.slots {
+            if let Some((_, b)) = slot.take() {
+                if self.spare.len() < 64 {
+                    self.spare.push(b);
+                }
+            }
+        }
+        self.held = 0;
+    }
+
+    /// How many packets are kept.
+    pub fn len(&self) -> usize {
+        self.held
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.held == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_only_packets_ahead_within_reach_and_each_once() {
+        let mut b = ReorderBuffer::default();
+        let e = Psn::new(0xff_fff0);
+        assert_eq!(b.hold(e, e, b"x"), Err(NotHeld::OutOfReach));
+        assert_eq!(b.hold(e, e.sub(1), b"x"), Err(NotHeld::OutOfReach));
+        assert_eq!(
+            b.hold(e, e.add(REORDER_CAPACITY), b"x"),
+            Err(NotHeld::OutOfReach)
+        );
+        // Across the 24-bit wrap.
+        assert_eq!(b.hold(e, e.add(20), b"twenty"), Ok(()));
+        assert_eq!(b.hold(e, e.add(20), b"again"), Err(NotHeld::Duplicate));
+        assert_eq!(b.hold(e, e.add(1), b"one"), Ok(()));
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.take(e), None);
+        assert_eq!(b.take(e.add(1)).as_deref(), Some(&b"one"[..]));
+        assert_eq!(b.take(e.add(1)), None);
+        assert_eq!(b.take(e.add(20)).as_deref(), Some(&b"twenty"[..]));
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn clear_drops_everything() {
+        let mut b = ReorderBuffer::default();
+        let e = Psn::new(5);
+        for k in 1..10 {
+            b.hold(e, e.add(k), &[k as u8]).unwrap();
+        }
+        b.clear();
+        assert!(b.is_empty());
+        assert_eq!(b.take(e.add(3)), None);
+        b.hold(e, e.add(3), b"3").unwrap();
+        assert_eq!(b.take(e.add(3)).as_deref(), Some(&b"3"[..]));
+    }
+}
