@@ -125,6 +125,7 @@ fn endpoint(inp: &mut Input<'_>) -> EndpointInfo {
         region,
         acks_unasked: inp.u8() & 1 == 1,
         small_identifications: inp.u8() & 1 == 1,
+        selective_repeat: inp.u8() & 1 == 1,
     }
 }
 

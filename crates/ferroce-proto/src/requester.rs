@@ -98,6 +98,12 @@ pub const MAX_UNACKED_PSNS: u32 = 1024;
 pub const MIN_LOSS_WINDOW: u32 = 16;
 /// An ACK is requested at least every this many packets within a long message.
 pub const ACK_REQ_INTERVAL: u32 = 32;
+/// Under congestion control, an ACK is also requested every this fraction of the window: the
+/// window moves, the RTT is sampled and the retransmission timer restarts on every ACK, and an
+/// ACK per window would leave the timer to expire for packets sent a whole window after it
+/// was armed. A responder coalesces the ACKs of one receive batch into one, so asking more
+/// often costs few packets.
+const ACKS_PER_WINDOW: u32 = 4;
 /// Most unreached piece ends a READ remembers; past it, a retry asks up to the nearest one.
 const MAX_READ_ENDS: usize = 32;
 /// Missing packets a READ retry piece reaches for, beyond the window if need be.
@@ -227,7 +233,7 @@ struct Stamp {
 
 /// Smallest retransmission timeout toward a peer that keeps out-of-order packets (a spurious
 /// timeout costs one packet), and toward any other peer (where it costs a window).
-pub const RTO_MIN_SELECTIVE: Duration = Duration::from_micros(300);
+pub const RTO_MIN_SELECTIVE: Duration = Duration::from_micros(500);
 /// See [`RTO_MIN_SELECTIVE`].
 pub const RTO_MIN_GO_BACK_N: Duration = Duration::from_millis(1);
 /// The clock granularity term of the RTO (RFC 6298's G): engine wake-ups are this coarse.
@@ -298,6 +304,12 @@ pub(crate) struct Requester {
     rto_timer: Option<Instant>,
     /// Consecutive fast retransmission timeouts (each doubles the next).
     rto_backoff: u32,
+    /// When the last fast retransmission timeout fired, and the window before it: if an
+    /// acknowledgement then comes for a packet last sent before that moment, the original got
+    /// through and the timeout was spurious (a peer descheduled for a few milliseconds on a
+    /// busy host, not a loss), and the window is given back (as Linux TCP's spurious-RTO
+    /// undo does).
+    rto_undo: Option<(Instant, Controller)>,
     /// The last packet sent did not ask for an acknowledgement (its ACK may be held).
     last_unasked: bool,
     /// The peer keeps packets that arrive after a gap (negotiated): a sequence-error NAK then
@@ -448,6 +460,27 @@ impl Requester {
             .get((psn.value() % MAX_UNACKED_PSNS) as usize)
             .filter(|s| s.psn == psn.value() && s.at != Instant::ZERO)
             .copied()
+    }
+
+    /// After a fast retransmission timeout, the first acknowledgement of news (for `psn`) tells
+    /// whether it was spurious: it was if `psn` was last sent before the timeout fired, so the
+    /// original arrived. Then the window before the timeout is restored.
+    fn undo_spurious_timeout(&mut self, counters: &mut Counters, psn: Psn) {
+        if psn.is_before(self.una) {
+            return;
+        }
+        let Some((fired, _)) = &self.rto_undo else {
+            return;
+        };
+        let original = self.stamp_of(psn).is_some_and(|s| s.at < *fired);
+        let Some((_, saved)) = self.rto_undo.take() else {
+            return;
+        };
+        if original {
+            counters.spurious_rto += 1;
+            self.cc = Some(saved);
+            self.rto_backoff = 0;
+        }
     }
 
     /// Takes an RTT sample from the answer to `psn`, if it is a clean one: the packet asked for
@@ -712,6 +745,7 @@ impl Requester {
             let Some(aeth) = repr.ext.aeth else { return };
             match aeth.syndrome {
                 Syndrome::Ack { .. } => {
+                    self.undo_spurious_timeout(ctx.counters, psn);
                     self.sample(now, psn);
                     self.ack_before(ctx, now, psn.next());
                 }
@@ -957,6 +991,9 @@ impl Requester {
             if self.any_outstanding() && self.rnr_until.is_none() {
                 counters.rto_fired += 1;
                 self.rto_backoff = self.rto_backoff.saturating_add(1);
+                if self.rto_undo.is_none() {
+                    self.rto_undo = self.cc.clone().map(|c| (now, c));
+                }
                 let una = self.una;
                 self.note_loss(now, una, true);
                 self.gone_back_to = None;
@@ -1164,6 +1201,11 @@ impl Requester {
     ) -> Result<usize, WcStatus> {
         let p = ctx.p;
         let window_end = self.una.add(self.window() - 1);
+        let ack_every = if self.cc.as_ref().is_some_and(Controller::enabled) {
+            (self.window() / ACKS_PER_WINDOW).clamp(1, ACK_REQ_INTERVAL)
+        } else {
+            ACK_REQ_INTERVAL
+        };
         let pieces_allowed = self.outstanding_rd_atomic(i) == 0;
         let una = self.una;
         let window = self.window();
@@ -1269,7 +1311,7 @@ impl Requester {
                     && self.unasked_messages < p.unasked_run
                     && ack_timeout(p.timeout).is_some_and(|t| t >= 4 * UNASKED_ACK_DELAY);
                 let ack_req = (last && !unasked)
-                    || self.since_ack_req >= ACK_REQ_INTERVAL
+                    || self.since_ack_req >= ack_every
                     || psn == window_end
                     || self.force_ack_req;
                 if last {

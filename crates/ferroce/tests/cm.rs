@@ -36,6 +36,7 @@ fn ep(qpn: u32, psn: u32, mtu: PathMtu, region: Option<RemoteRegion>) -> Endpoin
         region,
         acks_unasked: false,
         small_identifications: false,
+        selective_repeat: false,
     }
 }
 
@@ -62,6 +63,7 @@ fn numbered(side: u32, i: u32) -> EndpointInfo {
         }),
         acks_unasked: i % 2 == 1,
         small_identifications: i % 4 < 2,
+        selective_repeat: i % 3 == 1,
     }
 }
 
@@ -219,6 +221,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
         }),
         acks_unasked: true,
         small_identifications: true,
+        selective_repeat: true,
     };
     let client_ep = EndpointInfo {
         qpn: 0x12,
@@ -230,6 +233,7 @@ fn single_endpoint_both_directions_with_and_without_region() {
         region: None,
         acks_unasked: false,
         small_identifications: false,
+        selective_repeat: false,
     };
     let (addr, server) = spawn_acceptor(vec![server_ep], LONG);
     let client = cm::connect(addr, &client_ep, LONG).unwrap();

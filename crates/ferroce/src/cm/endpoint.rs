@@ -10,8 +10,8 @@ use ferroce_wire::Psn;
 
 use super::error::{EndpointProblem, MessageKind};
 use super::{
-    ENDPOINT_LEN, FLAG_ACKS_UNASKED, FLAG_REGION, FLAG_SMALL_IDENTIFICATIONS, HEADER_LEN, MAGIC,
-    MAX_ENDPOINTS, QPN_MASK, VERSION,
+    ENDPOINT_LEN, FLAG_ACKS_UNASKED, FLAG_REGION, FLAG_SELECTIVE_REPEAT,
+    FLAG_SMALL_IDENTIFICATIONS, HEADER_LEN, MAGIC, MAX_ENDPOINTS, QPN_MASK, VERSION,
 };
 
 /// A memory region the peer may access with RDMA READ, WRITE or atomics.
@@ -54,6 +54,10 @@ pub struct EndpointInfo {
     /// limit, a 26-bit check instead of 16 (see `QueuePair::set_peer_small_identifications`).
     /// Claim it only for a sender that keeps it: its other packets would be refused.
     pub small_identifications: bool,
+    /// This side keeps request packets that arrive after a gap and, as requester, sends again
+    /// only the PSN a sequence-error NAK names (`QueuePair::set_selective_repeat`). Used only
+    /// when both sides claim it; a standard responder drops what follows a gap.
+    pub selective_repeat: bool,
 }
 
 impl EndpointInfo {
@@ -143,6 +147,9 @@ pub(super) fn encode_endpoint(e: &EndpointInfo, out: &mut Vec<u8>) {
     if e.small_identifications {
         flags |= FLAG_SMALL_IDENTIFICATIONS;
     }
+    if e.selective_repeat {
+        flags |= FLAG_SELECTIVE_REPEAT;
+    }
     out.extend_from_slice(&e.qpn.to_be_bytes());
     out.extend_from_slice(&e.psn.value().to_be_bytes());
     out.extend_from_slice(&e.gid.octets());
@@ -187,7 +194,9 @@ pub(super) fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, End
         return Err(EndpointProblem::Psn(psn));
     }
     let mtu = PathMtu::from_bytes(u32::from(mtu)).map_err(|_| EndpointProblem::Mtu(mtu))?;
-    if flags & !(FLAG_REGION | FLAG_ACKS_UNASKED | FLAG_SMALL_IDENTIFICATIONS) != 0 {
+    let known =
+        FLAG_REGION | FLAG_ACKS_UNASKED | FLAG_SMALL_IDENTIFICATIONS | FLAG_SELECTIVE_REPEAT;
+    if flags & !known != 0 {
         return Err(EndpointProblem::Flags(flags));
     }
     if let Some(offset) = [30, 31, 52, 53, 54, 55].into_iter().find(|&o| r[o] != 0) {
@@ -210,6 +219,7 @@ pub(super) fn decode_endpoint(r: &[u8]) -> std::result::Result<EndpointInfo, End
         region,
         acks_unasked: flags & FLAG_ACKS_UNASKED != 0,
         small_identifications: flags & FLAG_SMALL_IDENTIFICATIONS != 0,
+        selective_repeat: flags & FLAG_SELECTIVE_REPEAT != 0,
     };
     // The remaining range checks are the same ones the sender applies to itself.
     info.validate()?;

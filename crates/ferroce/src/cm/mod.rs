@@ -40,7 +40,8 @@
 //! |     29 |    1 | flags: bit 0 = a remote region follows; bit 1 = the sender's |
 //! |        |      | responder acknowledges unasked requests (see below); bit 2 = |
 //! |        |      | the sender's packets carry IPv4 Identifications below 64 (see |
-//! |        |      | below); others 0                                             |
+//! |        |      | below); bit 3 = the sender does selective repeat (see below); |
+//! |        |      | others 0                                                     |
 //! |     30 |    2 | reserved, zero                                               |
 //! |     32 |    8 | region address (zero without the region flag)                |
 //! |     40 |    8 | region length in bytes (zero without the region flag)        |
@@ -52,7 +53,12 @@
 //! ([`EndpointInfo::acks_unasked`]); bit 2, that every packet it sends carries an IPv4
 //! Identification below [`crate::SENT_IDENTIFICATION_LIMIT`]
 //! ([`EndpointInfo::small_identifications`]), so the peer believes no other Identification it
-//! solves from an ICRC. A build that predates a flag refuses it like any unknown flag.
+//! solves from an ICRC; bit 3, that its responder keeps requests that arrive after a gap and its
+//! requester takes a sequence-error NAK as one missing packet
+//! ([`EndpointInfo::selective_repeat`]): when both ends set it, both do selective repeat,
+//! otherwise go-back-N. A build that predates a flag refuses it like any unknown flag, so a
+//! ferroce from before a flag cannot connect to one that sets it (both ends must be upgraded
+//! together).
 //!
 //! # Why versioned, and why so strict
 //!
@@ -107,6 +113,7 @@ pub(crate) const QPN_MASK: u32 = 0x00ff_ffff;
 pub(crate) const FLAG_REGION: u8 = 0x01;
 pub(crate) const FLAG_ACKS_UNASKED: u8 = 0x02;
 pub(crate) const FLAG_SMALL_IDENTIFICATIONS: u8 = 0x04;
+pub(crate) const FLAG_SELECTIVE_REPEAT: u8 = 0x08;
 /// Upper bound of the sleep between two polls of a non-blocking listener: short enough that a
 /// connecting peer is not kept waiting noticeably, long enough not to spin a core.
 const MAX_ACCEPT_POLL: Duration = Duration::from_millis(10);
@@ -593,6 +600,7 @@ mod tests {
             }),
             acks_unasked: i % 3 == 0,
             small_identifications: i % 2 == 0,
+            selective_repeat: i % 3 == 0,
         }
     }
 

@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferroce_proto::{Instant, WcOpcode, WorkCompletion};
+use ferroce_proto::{CcAlgorithm, CcConfig, Instant, WcOpcode, WorkCompletion};
 use ferroce_wire::opcode::{Operation, Position};
 use ferroce_wire::RocePacket;
 
@@ -278,6 +278,14 @@ fn transmit_qp(
                 retired,
                 ..
             } = &mut *core;
+            if shm.is_some() && q.congestion_control().algorithm != CcAlgorithm::Off {
+                // A ring is this QP's own, lossless, and says when it is full: nothing to
+                // share, so no window or pacing (see `ContextOptions::congestion`).
+                q.set_congestion_control(CcConfig {
+                    algorithm: CcAlgorithm::Off,
+                    ..q.congestion_control()
+                });
+            }
             if q.next_timeout().is_some_and(|t| t <= now) {
                 q.handle_timeout(now);
             }

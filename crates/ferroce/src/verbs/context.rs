@@ -90,6 +90,46 @@ pub struct ContextOptions {
     /// Identification is believed below 64 from a peer known to be ferroce (26 bits of the
     /// ICRC checked), and any from others (16 bits); see the UDP provider's docs.
     pub icrc_strict: bool,
+    /// Congestion control of this context's QPs over UDP (see `ferroce_proto::cc`). Default:
+    /// the delay-based window with pacing, or what the environment says: `FERROCE_CC=off`
+    /// (or `delay`), `FERROCE_CC_TARGET_US=N` (the target queueing delay in microseconds,
+    /// default 100). Off, a QP sends its whole window at line rate: the fastest into an idle
+    /// lossless path, congestion collapse behind any bottleneck. A lower target keeps queues
+    /// (and everyone's latency through them) shorter, but below the host's scheduling noise
+    /// the window shrinks for delay no queue caused. QPs linked over shared memory run none
+    /// (a ring has no queue to share).
+    pub congestion: ferroce_proto::CcConfig,
+    /// Offer selective repeat in the connection exchange (`cm`): with a peer that offers it
+    /// too, each side keeps packets that arrive after a gap and only the holes are sent again,
+    /// instead of everything after a loss (go-back-N, which stays in force toward any other
+    /// peer). Default: on, unless `FERROCE_SR=0`. It costs memory only on loss: a QP's
+    /// reorder buffer holds up to 512 packets once a gap appears.
+    pub selective_repeat: bool,
+}
+
+/// The congestion control the environment asks for (`FERROCE_CC`, `FERROCE_CC_TARGET_US`);
+/// the default for what is unset or unreadable.
+fn congestion_from_env() -> ferroce_proto::CcConfig {
+    let mut cc = ferroce_proto::CcConfig::default();
+    if let Some(a) = std::env::var("FERROCE_CC")
+        .ok()
+        .and_then(|v| ferroce_proto::CcAlgorithm::from_name(&v))
+    {
+        cc.algorithm = a;
+    }
+    if let Some(us) = std::env::var("FERROCE_CC_TARGET_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&us| (1..=1_000_000).contains(&us))
+    {
+        cc.target_delay = std::time::Duration::from_micros(us);
+    }
+    cc
+}
+
+/// Whether selective repeat is offered: unless `FERROCE_SR` is `0`.
+fn selective_repeat_from_env() -> bool {
+    std::env::var_os("FERROCE_SR").map_or(true, |v| v != "0")
 }
 
 /// Whether `FERROCE_ICRC_STRICT` asks for strict ICRC checking (set, not empty, not `0`).
@@ -138,6 +178,8 @@ impl Default for ContextOptions {
             fail_idle_qps_when_peer_goes: true,
             adopt_registered_pages: false,
             icrc_strict: icrc_strict_from_env(),
+            congestion: congestion_from_env(),
+            selective_repeat: selective_repeat_from_env(),
         }
     }
 }
@@ -183,6 +225,10 @@ pub(crate) struct ContextShared {
     pub adopt_registered_pages: bool,
     /// See [`ContextOptions::icrc_strict`].
     pub icrc_strict: bool,
+    /// See [`ContextOptions::congestion`].
+    pub congestion: ferroce_proto::CcConfig,
+    /// See [`ContextOptions::selective_repeat`].
+    pub selective_repeat: bool,
     pub epoch: std::time::Instant,
     pub engine: Mutex<EngineState>,
     /// Set when work was posted that no pass has looked at yet (lets idle passes skip the QPs).
@@ -403,6 +449,8 @@ impl Context {
             fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
             adopt_registered_pages: options.adopt_registered_pages,
             icrc_strict: options.icrc_strict,
+            congestion: options.congestion,
+            selective_repeat: options.selective_repeat,
             epoch: std::time::Instant::now(),
             engine: Mutex::new(EngineState::new()),
             work_pending: AtomicBool::new(true),

@@ -107,11 +107,11 @@ impl ProtectionDomain {
         let caps: QpCaps = attr.caps;
         let qpn = shared.allocate_qpn()?;
         let udp = QpSocket::open(shared.local.ip())?;
+        let mut proto = ferroce_proto::QueuePair::new(qpn, self.id, caps);
+        proto.set_congestion_control(shared.congestion);
         let qp = Arc::new(QpShared {
             qpn,
-            qp: CoreLock::new(QpCore::new(ferroce_proto::QueuePair::new(
-                qpn, self.id, caps,
-            ))),
+            qp: CoreLock::new(QpCore::new(proto)),
             send_cq: attr.send_cq.inner.clone(),
             recv_cq: attr.recv_cq.inner.clone(),
             srq: attr.srq.map(|s| s.inner.clone()),

@@ -183,6 +183,7 @@ impl QueuePair {
         }
         // The next peer may be anyone.
         self.set_peer_small_identifications(false);
+        self.set_selective_repeat(false);
         if let Some(shm) = &self.shared.shm {
             shm.unlink(Link::Off);
         }
@@ -257,6 +258,22 @@ impl QueuePair {
         self.shared
             .peer_small_identifications
             .store(on, Ordering::Relaxed);
+    }
+
+    /// Turns selective repeat on or off for this QP, both directions
+    /// ([`crate::cm::EndpointInfo::selective_repeat`]; [`QueuePair::connect`] turns it on when
+    /// both sides offer it). Only toward a peer that does it too: a standard responder (Linux
+    /// rxe, a NIC) drops every packet after a gap, and a requester that then sent only the
+    /// missing one would wait for its timeout for the rest. Off by default, and again after
+    /// [`reset`](Self::reset).
+    pub fn set_selective_repeat(&self, on: bool) {
+        self.shared.qp.lock().set_selective_repeat(on);
+    }
+
+    /// Sets this QP's congestion control (the context's
+    /// [`crate::ContextOptions::congestion`] by default); the window starts over.
+    pub fn set_congestion_control(&self, config: ferroce_proto::CcConfig) {
+        self.shared.qp.lock().set_congestion_control(config);
     }
 
     /// Takes the peer's hello now if this QP waits for it: it is most likely in the socket
@@ -421,6 +438,7 @@ impl QueuePair {
             region,
             acks_unasked: true,
             small_identifications: true,
+            selective_repeat: self.ctx.shared.selective_repeat,
         }
     }
 
@@ -461,6 +479,7 @@ impl QueuePair {
         self.modify_to_rtr_with_port(&rtr, peer.udp_port)?;
         self.set_peer_acks_unasked(peer.acks_unasked);
         self.set_peer_small_identifications(peer.small_identifications);
+        self.set_selective_repeat(local.selective_repeat && peer.selective_repeat);
         Ok(())
     }
 
