@@ -16,6 +16,7 @@
 //! many flows through one such link and reports goodput, fairness and queue delay. Without links
 //! the simulator behaves exactly as it did before they existed, so old seeds replay unchanged.
 
+pub mod bottleneck;
 pub mod link;
 pub mod pair;
 pub mod rng;
@@ -463,14 +464,14 @@ impl Sim {
         match link.enqueue(now, len, ect) {
             LinkVerdict::TailDropped => {
                 self.stats.queue_drops += 1;
-                "queue-drop"
+                "link:queue-drop"
             }
             LinkVerdict::Queued { departs, ce } => {
                 self.stats.ce_marked += u64::from(ce);
                 d.ce |= ce;
                 self.schedule_at(departs + after, d);
                 if ce {
-                    "CE"
+                    "link:CE"
                 } else {
                     ""
                 }
@@ -528,8 +529,8 @@ impl Sim {
                 let note = self.forward(d, net.latency, Duration::ZERO);
                 match (note, copy_note) {
                     (n, "") => n,
-                    ("", "queue-drop") => "copy queue-drop",
-                    ("", _) => "copy CE",
+                    ("", "link:queue-drop") => "copy link:queue-drop",
+                    ("", _) => "copy link:CE",
                     (n, _) => n,
                 }
             }
@@ -617,9 +618,24 @@ impl Sim {
     /// Transmits what is ready, then advances to the next event and handles it. Returns `false`
     /// when nothing is left to happen.
     pub fn step(&mut self) -> bool {
+        self.step_to(None)
+    }
+
+    /// Like [`Sim::step`], but time stops at `limit` when nothing happens before it: for a
+    /// driver that has work of its own to do then (post requests at a given time). Returns
+    /// `false` when nothing is left to happen and `limit` has been reached.
+    pub fn step_until(&mut self, limit: Instant) -> bool {
+        self.step_to(Some(limit))
+    }
+
+    fn step_to(&mut self, limit: Option<Instant>) -> bool {
         self.pump();
-        let Some(t) = self.next_event() else {
-            return false;
+        let t = match (self.next_event(), limit) {
+            (None, None) => return false,
+            (None, Some(l)) if l <= self.now => return false,
+            (Some(t), None) => t,
+            (None, Some(l)) => l,
+            (Some(t), Some(l)) => t.min(l),
         };
         self.now = self.now.max(t);
         let now = self.now;
