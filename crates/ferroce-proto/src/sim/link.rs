@@ -172,7 +172,7 @@ struct Entry {
 }
 
 /// A FIFO bottleneck; see the [module documentation](self).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Link {
     cfg: LinkConfig,
     /// Datagrams that have not finished leaving, oldest first.
@@ -188,6 +188,21 @@ pub struct Link {
     delays: Vec<u64>,
     /// Violations found as datagrams leave (the queue forgets them afterwards).
     retired_violation: Option<String>,
+}
+
+/// A summary: the queue and the delay samples can be hundreds of thousands of entries, too
+/// many for a `{:?}` of a whole [`super::Sim`] or a failed assertion.
+impl core::fmt::Debug for Link {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Link")
+            .field("cfg", &self.cfg)
+            .field("queued", &self.queue.len())
+            .field("backlog", &self.backlog)
+            .field("busy_until", &self.busy_until)
+            .field("now", &self.now)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Link {
