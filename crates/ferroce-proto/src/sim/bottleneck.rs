@@ -3,8 +3,9 @@
 //! `flows` RC queue pairs, each from a sender of its own (or all from one sending node), write
 //! `bytes_per_flow` into a receiver through one shared [`Link`] into the receiver, the incast
 //! shape of a collective's all-to-one step or of `tbf` on the test bed's receiving veth. Each
-//! flow posts all its WRITEs at once, with a few FETCH_ADDs on a counter every flow shares
-//! spread among them. The acknowledgements come back on a path with latency only.
+//! flow posts all its WRITEs at once when it starts (the starts are a few tens of µs apart),
+//! with a few FETCH_ADDs on a counter every flow shares spread among them. The
+//! acknowledgements come back on a path with latency only.
 //!
 //! The run checks what the transport promises whatever the network does:
 //! * every byte of every flow's destination equals what the flow sent;

@@ -622,17 +622,18 @@ impl Sim {
     }
 
     /// Like [`Sim::step`], but time stops at `limit` when nothing happens before it: for a
-    /// driver that has work of its own to do then (post requests at a given time). Returns
-    /// `false` when nothing is left to happen and `limit` has been reached.
+    /// driver that has work of its own to do then (post requests at a given time). A `limit`
+    /// not after now is no limit. Returns `false` when nothing is left to happen and `limit`
+    /// has been reached.
     pub fn step_until(&mut self, limit: Instant) -> bool {
         self.step_to(Some(limit))
     }
 
     fn step_to(&mut self, limit: Option<Instant>) -> bool {
         self.pump();
+        let limit = limit.filter(|&l| l > self.now);
         let t = match (self.next_event(), limit) {
             (None, None) => return false,
-            (None, Some(l)) if l <= self.now => return false,
             (Some(t), None) => t,
             (None, Some(l)) => l,
             (Some(t), Some(l)) => t.min(l),
