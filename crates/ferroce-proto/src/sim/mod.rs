@@ -9,13 +9,21 @@
 //!
 //! [`scenario`] builds random workloads on top and checks the transport's promises against a
 //! model.
+//!
+//! [`Link`]s add bottlenecks: a FIFO with a rate, a queue limit and ECN marking, shared by every
+//! datagram that crosses it ([`Sim::add_link`]). A datagram meets the random fates first (as
+//! `nftables` drops come before the qdisc on the test bed), then its link. [`bottleneck`] runs
+//! many flows through one such link and reports goodput, fairness and queue delay. Without links
+//! the simulator behaves exactly as it did before they existed, so old seeds replay unchanged.
 
+pub mod bottleneck;
+pub mod link;
 pub mod pair;
 pub mod rng;
 pub mod scenario;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use core::time::Duration;
@@ -26,6 +34,7 @@ use crate::completion::WorkCompletion;
 use crate::memory::VecMemory;
 use crate::qp::{QueuePair, MAX_HEADER_LEN};
 use crate::time::Instant;
+pub use link::{Link, LinkConfig, LinkStats, LinkVerdict, QueueDelay};
 pub use rng::Rng;
 
 /// What the network does to datagrams. Probabilities are per datagram.
@@ -89,6 +98,12 @@ pub struct NetStats {
     pub icrc_errors: u64,
     /// Delivered to a QP number nobody has.
     pub unknown_qp: u64,
+    /// Tail-dropped by a full link queue (every link together; each [`Link`] counts its own).
+    pub queue_drops: u64,
+    /// Marked Congestion Experienced by a link.
+    pub ce_marked: u64,
+    /// Delivered with the Congestion Experienced mark.
+    pub ce_delivered: u64,
 }
 
 /// What became of one datagram, for traces.
@@ -172,6 +187,25 @@ struct Datagram {
     to: usize,
     src_port: u16,
     bytes: Vec<u8>,
+    /// ECN-capable transport: the IP header's ECN field is ECT(0), so a link may mark it.
+    ect: bool,
+    /// Marked Congestion Experienced on the way.
+    ce: bool,
+}
+
+/// Where a [`Link`] sits: which datagrams cross it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LinkAt {
+    /// Datagrams from node `from` to node `to`.
+    Between {
+        /// Sending node.
+        from: usize,
+        /// Receiving node.
+        to: usize,
+    },
+    /// Every datagram into the node that no [`LinkAt::Between`] link takes: the port an incast
+    /// converges on.
+    Into(usize),
 }
 
 /// The UDP source port of a QP: RoCE v2 spreads QPs over source ports for ECMP entropy.
@@ -199,6 +233,14 @@ pub struct Sim {
     /// Cut links: (from, to) → until.
     cuts: BTreeMap<(usize, usize), Instant>,
     buf: Vec<u8>,
+    /// Bottlenecks. While empty, the simulator runs exactly as before links existed.
+    links: BTreeMap<LinkAt, Link>,
+    /// Nodes whose every QP sends ECT datagrams.
+    ect_nodes: BTreeSet<usize>,
+    /// Single QPs (node, QPN) that send ECT datagrams.
+    ect_qps: BTreeSet<(usize, u32)>,
+    /// The round-robin pump's list of QPs, kept to reuse its allocation.
+    rr: Vec<(usize, u32)>,
 }
 
 impl Sim {
@@ -216,6 +258,10 @@ impl Sim {
             seq: 0,
             cuts: BTreeMap::new(),
             buf: vec![0; 4096 + MAX_HEADER_LEN],
+            links: BTreeMap::new(),
+            ect_nodes: BTreeSet::new(),
+            ect_qps: BTreeSet::new(),
+            rr: Vec::new(),
         }
     }
 
@@ -236,6 +282,63 @@ impl Sim {
         self.cuts.insert((from, to), until);
     }
 
+    /// Puts a bottleneck link at `at` (replacing one already there). Datagrams sent from now on
+    /// that cross it queue there; from then on [`Sim::step`] also lets QPs transmit in turns,
+    /// one packet each, so that no QP's place in the node list decides its share of the queue.
+    pub fn add_link(&mut self, at: LinkAt, cfg: LinkConfig) {
+        self.links.insert(at, Link::new(cfg));
+    }
+
+    /// The link at `at`, if any.
+    pub fn link(&self, at: LinkAt) -> Option<&Link> {
+        self.links.get(&at)
+    }
+
+    /// Every link, in [`LinkAt`] order.
+    pub fn links(&self) -> impl Iterator<Item = (LinkAt, &Link)> {
+        self.links.iter().map(|(&at, l)| (at, l))
+    }
+
+    /// Checks every link's invariants ([`Link::check`]); the error names the link.
+    pub fn check_links(&self) -> Result<(), String> {
+        for (at, l) in &self.links {
+            l.check().map_err(|e| format!("link {at:?}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Makes the datagrams of `node`'s QPs ECN-capable (ECT), or only those of QP `qpn` there.
+    /// A stand-in until a QP says itself whether it speaks ECN.
+    pub fn set_ect(&mut self, node: usize, qpn: Option<u32>, on: bool) {
+        match (qpn, on) {
+            (None, true) => self.ect_nodes.insert(node),
+            (None, false) => self.ect_nodes.remove(&node),
+            (Some(q), true) => self.ect_qps.insert((node, q)),
+            (Some(q), false) => self.ect_qps.remove(&(node, q)),
+        };
+    }
+
+    /// Whether QP `qpn` on `node` sends ECT datagrams.
+    // ECN (#29): becomes `qp.ecn_capable()` once the QP knows; the Sim-level setting stays
+    // for tests that force it.
+    fn ect(&self, node: usize, qpn: u32) -> bool {
+        self.ect_nodes.contains(&node) || self.ect_qps.contains(&(node, qpn))
+    }
+
+    /// The link a datagram from `from` to `to` crosses: a directed one first, else the one
+    /// into `to`.
+    fn link_for(&mut self, from: usize, to: usize) -> Option<&mut Link> {
+        if self.links.is_empty() {
+            return None;
+        }
+        let at = if self.links.contains_key(&LinkAt::Between { from, to }) {
+            LinkAt::Between { from, to }
+        } else {
+            LinkAt::Into(to)
+        };
+        self.links.get_mut(&at)
+    }
+
     fn node_by_gid(&self, gid: Ipv6Addr) -> Option<usize> {
         let v4 = gid.to_ipv4_mapped()?;
         self.nodes.iter().position(|n| n.ip == v4)
@@ -251,40 +354,74 @@ impl Sim {
 
     /// Lets every QP transmit everything it has, and collects completions.
     fn pump(&mut self) {
+        if self.links.is_empty() {
+            self.pump_in_node_order();
+        } else {
+            self.pump_round_robin();
+        }
+    }
+
+    /// Node by node, each QP until it has nothing left: the order every seed from before links
+    /// depends on.
+    fn pump_in_node_order(&mut self) {
         for from in 0..self.nodes.len() {
             let qpns: Vec<u32> = self.nodes[from].qps.keys().copied().collect();
             for qpn in qpns {
-                loop {
-                    let node = &mut self.nodes[from];
-                    let Some(qp) = node.qps.get_mut(&qpn) else {
-                        break;
-                    };
-                    let Some(n) = qp.poll_transmit(self.now, &mut node.mem, &mut self.buf) else {
-                        break;
-                    };
-                    let gid = qp.dest_gid();
-                    let Some(to) = self.node_by_gid(gid) else {
-                        continue;
-                    };
-                    let mut bytes = self.buf[..n].to_vec();
-                    let src_port = udp_src_port(qpn);
-                    let h = self
-                        .headers(from, to, src_port)
-                        .ip_udp_headers(n)
-                        .expect("packet fits UDP");
-                    let crc =
-                        icrc::compute(h.ip(), h.udp(), &bytes[..n - 4]).expect("valid headers");
-                    RocePacket::new_unchecked(&mut bytes[..]).set_icrc(crc);
-                    self.send(Datagram {
-                        from,
-                        to,
-                        src_port,
-                        bytes,
-                    });
-                }
+                while self.transmit_one(from, qpn) {}
             }
             self.collect_completions(from);
         }
+    }
+
+    /// One packet from each QP in turn until none has any: with a shared queue, draining one
+    /// QP first would hand it the queue's room before the others arrive.
+    fn pump_round_robin(&mut self) {
+        let mut turn = std::mem::take(&mut self.rr);
+        turn.clear();
+        for (i, n) in self.nodes.iter().enumerate() {
+            turn.extend(n.qps.keys().map(|&q| (i, q)));
+        }
+        while !turn.is_empty() {
+            // A QP that has nothing now has nothing until time moves or a packet arrives.
+            turn.retain(|&(from, qpn)| self.transmit_one(from, qpn));
+        }
+        self.rr = turn;
+        for node in 0..self.nodes.len() {
+            self.collect_completions(node);
+        }
+    }
+
+    /// Lets QP `qpn` on `from` transmit one packet; returns whether it had one.
+    fn transmit_one(&mut self, from: usize, qpn: u32) -> bool {
+        let node = &mut self.nodes[from];
+        let Some(qp) = node.qps.get_mut(&qpn) else {
+            return false;
+        };
+        let Some(n) = qp.poll_transmit(self.now, &mut node.mem, &mut self.buf) else {
+            return false;
+        };
+        let gid = qp.dest_gid();
+        let Some(to) = self.node_by_gid(gid) else {
+            return true;
+        };
+        let mut bytes = self.buf[..n].to_vec();
+        let src_port = udp_src_port(qpn);
+        let h = self
+            .headers(from, to, src_port)
+            .ip_udp_headers(n)
+            .expect("packet fits UDP");
+        let crc = icrc::compute(h.ip(), h.udp(), &bytes[..n - 4]).expect("valid headers");
+        RocePacket::new_unchecked(&mut bytes[..]).set_icrc(crc);
+        let ect = self.ect(from, qpn);
+        self.send(Datagram {
+            from,
+            to,
+            src_port,
+            bytes,
+            ect,
+            ce: false,
+        });
+        true
     }
 
     fn collect_completions(&mut self, node: usize) {
@@ -304,10 +441,42 @@ impl Sim {
     }
 
     fn schedule(&mut self, delay: Duration, d: Datagram) {
+        self.schedule_at(self.now + delay, d);
+    }
+
+    fn schedule_at(&mut self, at: Instant, d: Datagram) {
         self.seq += 1;
-        let at = self.now + delay;
         self.queue.push(Reverse((at, self.seq)));
         self.in_flight.insert(self.seq, d);
+    }
+
+    /// Sends `d` on its way: across its link if it has one (queued there, then `extra` late
+    /// after the link's latency), else after `latency + extra`. Returns a note for the trace
+    /// when a link dropped or marked it.
+    fn forward(&mut self, mut d: Datagram, latency: Duration, extra: Duration) -> &'static str {
+        let now = self.now;
+        let (len, ect) = (d.bytes.len(), d.ect);
+        let Some(link) = self.link_for(d.from, d.to) else {
+            self.schedule(latency + extra, d);
+            return "";
+        };
+        let after = link.config().latency + extra;
+        match link.enqueue(now, len, ect) {
+            LinkVerdict::TailDropped => {
+                self.stats.queue_drops += 1;
+                "link:queue-drop"
+            }
+            LinkVerdict::Queued { departs, ce } => {
+                self.stats.ce_marked += u64::from(ce);
+                d.ce |= ce;
+                self.schedule_at(departs + after, d);
+                if ce {
+                    "link:CE"
+                } else {
+                    ""
+                }
+            }
+        }
     }
 
     fn send(&mut self, mut d: Datagram) {
@@ -340,36 +509,53 @@ impl Sim {
         } else {
             Fate::Sent
         };
-        if let Some(t) = self.trace.as_mut() {
-            let (opcode, psn, detail) = describe(&d.bytes);
-            t.push(TraceEvent::Packet {
-                at: self.now,
-                from: d.from,
-                to: d.to,
-                opcode,
-                psn,
-                detail,
-                fate,
-            });
-        }
-        match fate {
-            Fate::Dropped | Fate::Blackholed => {}
+        // Without links, nothing below draws from the RNG or records differently than it did
+        // before links existed: the trace line only moved after the scheduling.
+        let described = self.trace.is_some().then(|| describe(&d.bytes));
+        let (from, to) = (d.from, d.to);
+        let note = match fate {
+            Fate::Dropped | Fate::Blackholed => "",
             Fate::Duplicated => {
                 let copy = Datagram {
                     from: d.from,
                     to: d.to,
                     src_port: d.src_port,
                     bytes: d.bytes.clone(),
+                    ect: d.ect,
+                    ce: false,
                 };
                 let extra = self.jitter();
-                self.schedule(net.latency + extra, copy);
-                self.schedule(net.latency, d);
+                let copy_note = self.forward(copy, net.latency, extra);
+                let note = self.forward(d, net.latency, Duration::ZERO);
+                match (note, copy_note) {
+                    (n, "") => n,
+                    ("", "link:queue-drop") => "copy link:queue-drop",
+                    ("", _) => "copy link:CE",
+                    (n, _) => n,
+                }
             }
             Fate::Reordered => {
                 let extra = self.jitter();
-                self.schedule(net.latency + extra, d);
+                self.forward(d, net.latency, extra)
             }
-            Fate::Sent | Fate::Corrupted => self.schedule(net.latency, d),
+            Fate::Sent | Fate::Corrupted => self.forward(d, net.latency, Duration::ZERO),
+        };
+        if let (Some(t), Some((opcode, psn, mut detail))) = (self.trace.as_mut(), described) {
+            if !note.is_empty() {
+                if !detail.is_empty() {
+                    detail.push(' ');
+                }
+                detail.push_str(note);
+            }
+            t.push(TraceEvent::Packet {
+                at: self.now,
+                from,
+                to,
+                opcode,
+                psn,
+                detail,
+                fate,
+            });
         }
     }
 
@@ -403,6 +589,10 @@ impl Sim {
         match node.qps.get_mut(&qpn) {
             Some(qp) => {
                 self.stats.delivered += 1;
+                self.stats.ce_delivered += u64::from(d.ce);
+                // ECN (#29): the one place a packet reaches a QP. Once the QP takes the mark,
+                // this becomes `qp.handle_packet_ecn(self.now, &mut node.mem, &d.bytes, d.ce)`;
+                // until then the mark is carried this far, counted, and not passed on.
                 // A packet that passed its ICRC but does not parse is counted by the QP's drop.
                 let _ = qp.handle_packet(self.now, &mut node.mem, &d.bytes);
             }
@@ -428,11 +618,31 @@ impl Sim {
     /// Transmits what is ready, then advances to the next event and handles it. Returns `false`
     /// when nothing is left to happen.
     pub fn step(&mut self) -> bool {
+        self.step_to(None)
+    }
+
+    /// Like [`Sim::step`], but time stops at `limit` when nothing happens before it: for a
+    /// driver that has work of its own to do then (post requests at a given time). A `limit`
+    /// not after now is no limit. Returns `false` when nothing is left to happen and `limit`
+    /// has been reached.
+    pub fn step_until(&mut self, limit: Instant) -> bool {
+        self.step_to(Some(limit))
+    }
+
+    fn step_to(&mut self, limit: Option<Instant>) -> bool {
         self.pump();
-        let Some(t) = self.next_event() else {
-            return false;
+        let limit = limit.filter(|&l| l > self.now);
+        let t = match (self.next_event(), limit) {
+            (None, None) => return false,
+            (Some(t), None) => t,
+            (None, Some(l)) => l,
+            (Some(t), Some(l)) => t.min(l),
         };
         self.now = self.now.max(t);
+        let now = self.now;
+        for link in self.links.values_mut() {
+            link.advance(now);
+        }
         while let Some(Reverse((at, seq))) = self.queue.peek().copied() {
             if at > self.now {
                 break;
@@ -442,7 +652,6 @@ impl Sim {
                 self.deliver(d);
             }
         }
-        let now = self.now;
         for node in &mut self.nodes {
             for qp in node.qps.values_mut() {
                 if qp.next_timeout().is_some_and(|t| t <= now) {
