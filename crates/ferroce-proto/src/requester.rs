@@ -328,6 +328,7 @@ impl Requester {
     pub fn start(&mut self, sq_psn: Psn, p: &Params) {
         self.next_psn = sq_psn;
         self.una = sq_psn;
+        self.window_una = sq_psn;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
         self.cc = Some(Controller::new(p.cc, MAX_UNACKED_PSNS));
