@@ -118,13 +118,13 @@ nft_ingress() { # NS RULE...: one rule in a prerouting chain of NS
 lossy() { # PER_MILLE: random drop on both hosts' ingress, segments on the wire
   for ns in "$A" "$B"; do
     ip -n "$ns" link set dev veth0 gso_max_segs 1
-    nft_ingress "$ns" "numgen random mod 1000 < $1 counter drop"
+    nft_ingress "$ns" "iifname veth0 numgen random mod 1000 < $1 counter drop"
   done
 }
 ce_marking() { # PERCENT: random CE on ECT packets at both hosts' ingress; TCP asks for ECN
   for ns in "$A" "$B"; do
     ip -n "$ns" link set dev veth0 gso_max_segs 1
-    nft_ingress "$ns" "ip ecn { ect0, ect1 } numgen random mod 100 < $1 counter ip ecn set ce"
+    nft_ingress "$ns" "iifname veth0 ip ecn { ect0, ect1 } numgen random mod 100 < $1 counter ip ecn set ce"
     ip netns exec "$ns" sysctl -qw net.ipv4.tcp_ecn=1
   done
 }
