@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole ferroce test suite, from a fresh Debian machine with only the Rust toolchain.
 # Installs what the tests need (tshark, as an independent decoder to compare against; iproute2 and
-# ethtool for the network-namespace tests; python3 for scripts/verify_icrc.py, an independent ICRC
+# ethtool for the network-namespace tests, nftables for their bottleneck scenarios, iperf3 for
+# scripts/bench_net.sh; python3 for scripts/verify_icrc.py, an independent ICRC
 # checker; rdma-core's headers, tools and perftest for the drop-in libibverbs; cargo-fuzz, by
 # scripts/fuzz.sh), then runs formatting, lint, every test of the workspace, the Python
 # package's tests (scripts/test-python.sh: maturin, pytest, numpy and torch from the registry),
@@ -13,6 +14,10 @@ need_pkgs=()
 command -v tshark >/dev/null 2>&1 || need_pkgs+=(tshark)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v ethtool >/dev/null 2>&1 || need_pkgs+=(ethtool)
+# The bottleneck scenarios of the network-namespace tests drop and mark packets with nftables;
+# scripts/bench_net.sh runs iperf3 beside ferroce.
+command -v nft >/dev/null 2>&1 || need_pkgs+=(nftables)
+command -v iperf3 >/dev/null 2>&1 || need_pkgs+=(iperf3)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
 # The drop-in libibverbs is checked against rdma-core itself: its headers (gcc compiles the
 # layout check), its library's exports (objdump) and its unmodified tools and perftest.

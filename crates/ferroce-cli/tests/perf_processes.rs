@@ -261,6 +261,78 @@ fn sixty_four_qps_between_two_processes() {
 }
 
 #[test]
+fn a_timed_run_reports_what_each_qp_delivered() {
+    for provider in ["udp", "shm"] {
+        let args = [
+            "--duration",
+            "0.4",
+            "--qps",
+            "3",
+            "--size",
+            "8192",
+            "--verify",
+            "--json",
+            "--provider",
+            provider,
+        ];
+        let (s, c) = pair("write_bw", &args);
+        assert_ok(&format!("write_bw --duration over {provider}"), &s, &c);
+        let v = &json_lines(&c)[0];
+        assert_eq!(v["finished"], true, "{v}");
+        assert_eq!(v["duration_s"].as_f64(), Some(0.4));
+        let per_qp: Vec<u64> = v["per_qp_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(per_qp.len(), 3, "{v}");
+        assert!(per_qp.iter().all(|&b| b > 0 && b % 8192 == 0), "{v}");
+        let total: u64 = per_qp.iter().sum();
+        assert_eq!(v["delivered_bytes"].as_u64(), Some(total));
+        assert_eq!(v["iterations"].as_u64(), Some(total / 8192));
+    }
+}
+
+#[test]
+fn a_timed_run_that_cannot_finish_still_reports_what_was_delivered() {
+    // Every RoCE packet is lost: the QPs give up after their retries (8 × 4 ms, timeout code
+    // 10) and the client says so after printing the (empty) result, instead of hanging.
+    let out = ferroce()
+        .args(["perf", "write_bw", "--loopback", "--provider", "udp"])
+        .args(["--chaos", "loss=1", "--duration", "0.2", "--timeout", "5"])
+        .args(["--qp-timeout", "10", "--qps", "2", "--json", "--counters"])
+        .output()
+        .expect("run perf");
+    assert!(!out.status.success());
+    let lines = json_lines(&out);
+    let v = &lines[0];
+    assert_eq!(v["finished"], false, "{v}");
+    assert_eq!(v["delivered_bytes"].as_u64(), Some(0), "{v}");
+    assert_eq!(v["failed_qps"].as_u64(), Some(2), "{v}");
+    assert!(lines
+        .iter()
+        .any(|l| l["counters"]["retransmits"].as_u64() > Some(0)));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did not finish"), "{err}");
+}
+
+#[test]
+fn duration_is_refused_where_the_server_must_count() {
+    for test in ["send_bw", "atomic_bw", "write_lat"] {
+        let out = ferroce()
+            .args(["perf", test, "--loopback", "--duration", "1"])
+            .output()
+            .expect("run perf");
+        assert!(!out.status.success(), "{test}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--duration"),
+            "{test}"
+        );
+    }
+}
+
+#[test]
 fn one_sided_operations_need_no_server_thread() {
     // In READ, WRITE and atomic tests the server's only thread blocks reading the TCP
     // connection for the whole round: every packet is handled by its engine thread. The

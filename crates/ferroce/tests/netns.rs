@@ -16,6 +16,19 @@
 //! - `peer_killed_mid_transfer`: a host streaming to and from two peers loses one to SIGKILL; its
 //!   QP to the dead peer fails with retry-exceeded within the retry budget, the other keeps going.
 //!
+//! - `bottleneck_bulk_verified`: 1 and then 4 QPs of WRITEs through a 1 Gbit/s tbf bottleneck
+//!   (on the egress of both ends of the link), every byte verified at the receiver.
+//! - `bottleneck_random_loss_verified`: the same bottleneck with 1 % and then 5 % of the packets
+//!   on the wire dropped at random (nftables), every byte verified.
+//! - `bottleneck_no_flow_starves`: four flows (processes) through the bottleneck for a few
+//!   seconds; each must deliver at least 1/32 of what all delivered.
+//! - `bottleneck_shared_with_tcp`: a ferroce flow beside a TCP stream (`std::net`) on the same
+//!   bottleneck; each must get at least 5 % of the link rate.
+//!
+//! The bottleneck scenarios' volumes suit a transport with congestion control (about 100 MB/s
+//! through 1 Gbit/s: well under a second each); their bounds (40 s) only catch a collapse. Each
+//! prints its goodput and retransmissions.
+//!
 //! Needs root (network namespaces); without it the test prints one "skipped" line and passes,
 //! except under CI (`CI=true`), where it fails (`ferroce_test_support::require`). With root,
 //! failing to create a namespace is a failure, not a skip. Every name includes this
@@ -113,13 +126,20 @@ fn ms(d: Duration) -> String {
 
 type Scenario = fn(&Ip) -> Res<()>;
 
-const SCENARIOS: [(&str, Scenario); 3] = [
+const SCENARIOS: [(&str, Scenario); 7] = [
     ("traffic_across_hosts", traffic_across_hosts),
     (
         "link_flap_within_retry_budget",
         link_flap_within_retry_budget,
     ),
     ("peer_killed_mid_transfer", peer_killed_mid_transfer),
+    ("bottleneck_bulk_verified", bottleneck_bulk_verified),
+    (
+        "bottleneck_random_loss_verified",
+        bottleneck_random_loss_verified,
+    ),
+    ("bottleneck_no_flow_starves", bottleneck_no_flow_starves),
+    ("bottleneck_shared_with_tcp", bottleneck_shared_with_tcp),
 ];
 
 fn orchestrate(args: &[String]) -> ExitCode {
@@ -183,15 +203,30 @@ fn orchestrate(args: &[String]) -> ExitCode {
     }
 }
 
-/// Runs a command to completion within `limit`; kills it past that.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Res<std::process::Output> {
+/// Runs a command to completion within `limit`, with `input` (if any) as its standard input;
+/// kills it past that.
+fn run_bounded(
+    cmd: &mut Command,
+    input: Option<&[u8]>,
+    limit: Duration,
+) -> Res<std::process::Output> {
     let shown = format!("{cmd:?}");
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .ctx(&format!("starting {shown}"))?;
+    if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+        // Small inputs (a ruleset) fit in the pipe; the child reads them before anything else.
+        stdin
+            .write_all(data)
+            .ctx(&format!("writing the input of {shown}"))?;
+    }
     let deadline = Instant::now() + limit;
     loop {
         match child.try_wait().ctx(&format!("waiting for {shown}"))? {
@@ -208,6 +243,36 @@ fn run_bounded(cmd: &mut Command, limit: Duration) -> Res<std::process::Output> 
     }
 }
 
+/// A system tool's path, from the directories root's PATH has on Debian.
+fn find_tool(name: &str, package: &str) -> Res<PathBuf> {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            format!(
+                "`{name}` is not installed (Debian package {package}; scripts/test.sh installs it)"
+            )
+        })
+}
+
+/// Runs `bin args...` (with `input` on its stdin) within `STEP`; an error names the command and
+/// what it printed.
+fn run_tool(bin: &PathBuf, args: &[&str], input: Option<&str>) -> Res<()> {
+    let out = run_bounded(Command::new(bin).args(args), input.map(str::as_bytes), STEP)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{} {}` failed ({}): {}",
+            bin.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// iproute2's `ip`.
 struct Ip {
     bin: PathBuf,
@@ -215,28 +280,37 @@ struct Ip {
 
 impl Ip {
     fn find() -> Res<Ip> {
-        let bin = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .ok_or("iproute2's `ip` is not installed (Debian package iproute2)")?;
-        Ok(Ip { bin })
+        Ok(Ip {
+            bin: find_tool("ip", "iproute2")?,
+        })
     }
 
     fn run(&self, args: &[&str]) -> Res<()> {
-        let out = run_bounded(Command::new(&self.bin).args(args), STEP)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "`ip {}` failed ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        run_tool(&self.bin, args, None)
     }
 }
+
+/// A token-bucket bottleneck on an interface's egress:
+/// `tc qdisc add dev IF root tbf rate RATE burst BURST latency LATENCY`. tbf queues up to
+/// rate × latency + burst bytes and drops what does not fit (157 KB at 1 Gbit/s, 32 KB, 1 ms:
+/// measured as the largest backlog under TCP). A GSO packet up to the burst passes whole; a
+/// larger one is cut into its segments first.
+#[derive(Debug, Clone, Copy)]
+struct Tbf {
+    rate: &'static str,
+    burst: &'static str,
+    latency: &'static str,
+    /// The rate in bytes per second, for the scenarios' arithmetic.
+    bytes_per_sec: f64,
+}
+
+/// 1 Gbit/s with the parameters.
+const GIGABIT: Tbf = Tbf {
+    rate: "1gbit",
+    burst: "32kb",
+    latency: "1ms",
+    bytes_per_sec: 125e6,
+};
 
 /// Deletes namespaces a run killed before its guards ran (SIGKILL, a power cut) left behind.
 fn remove_stale_namespaces(ip: &Ip) {
@@ -312,6 +386,66 @@ impl<'a> Net<'a> {
         for (me, peer) in [(a, b), (b, a)] {
             ip.run(&["-n", me.0, "addr", "add", me.2, "peer", peer.2, "dev", me.1])?;
             ip.run(&["-n", me.0, "link", "set", me.1, "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Puts the bottleneck `tbf` on the egress of both ends of a link, each end given as
+    /// (namespace, interface).
+    fn shape(&self, a: (&str, &str), b: (&str, &str), tbf: Tbf) -> Res<()> {
+        let tc = find_tool("tc", "iproute2")?;
+        for (ns, ifname) in [a, b] {
+            run_tool(
+                &tc,
+                &[
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    ifname,
+                    "root",
+                    "tbf",
+                    "rate",
+                    tbf.rate,
+                    "burst",
+                    tbf.burst,
+                    "latency",
+                    tbf.latency,
+                ],
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Loads an nftables ruleset into a namespace (`ip netns exec NS nft -f -`).
+    fn nft(&self, ns: &str, ruleset: &str) -> Res<()> {
+        let nft = find_tool("nft", "nftables")?;
+        let nft = nft.to_str().ok_or("nft's path is not UTF-8")?;
+        run_tool(
+            &self.ip.bin,
+            &["netns", "exec", ns, nft, "-f", "-"],
+            Some(ruleset),
+        )
+    }
+
+    /// Makes each end of a link drop `per_mille` of the packets it receives, at random: every
+    /// IP packet, ferroce's and TCP's alike, in both directions. The drop is on arrival
+    /// (prerouting) and the sender cuts its GSO packets into wire packets before the link
+    /// (`gso_max_segs 1`): netfilter on the sending side sees a GSO packet whole (up to 64 KB,
+    /// measured with CE marks: 256 marked there became 6394 marked packets on arrival), and
+    /// dropping it there would lose its segments together.
+    fn random_loss(&self, ends: [(&str, &str); 2], per_mille: u32) -> Res<()> {
+        for (ns, ifname) in ends {
+            self.ip
+                .run(&["-n", ns, "link", "set", "dev", ifname, "gso_max_segs", "1"])?;
+            self.nft(
+                ns,
+                &format!(
+                    "table inet ferroce_loss {{\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"{ifname}\" numgen random mod 1000 < {per_mille} counter drop\n }}\n}}\n"
+                ),
+            )?;
         }
         Ok(())
     }
@@ -700,6 +834,243 @@ fn peer_killed_mid_transfer(ip: &Ip) -> Res<()> {
     Ok(())
 }
 
+/// Two hosts joined by one link with the 1 Gbit/s bottleneck on both ends, and random loss of
+/// `loss_per_mille` if not zero. Returns the namespaces of A and B.
+fn bottleneck_pair(net: &mut Net<'_>, subnet: u8, loss_per_mille: u32) -> Res<(String, String)> {
+    let (a, b) = (net.host("a")?, net.host("b")?);
+    let (ip_a, ip_b) = (format!("10.213.{subnet}.1"), format!("10.213.{subnet}.2"));
+    net.link((&a, "to-b", &ip_a), (&b, "to-a", &ip_b))?;
+    net.shape((&a, "to-b"), (&b, "to-a"), GIGABIT)?;
+    if loss_per_mille > 0 {
+        net.random_loss([(&a, "to-b"), (&b, "to-a")], loss_per_mille)?;
+    }
+    Ok((a, b))
+}
+
+/// The bound of every bottleneck transfer: a transport with congestion control needs well
+/// under a second for each; only a collapse comes near it.
+const BOTTLENECK_LIMIT: Duration = Duration::from_secs(40);
+
+/// WRITEs `bytes` on each of `qps` QPs from A to B through the bottleneck of `net`; B verifies
+/// every byte. Returns the writer's report.
+fn bulk_through(ip: &Ip, a: &str, b: &str, subnet: u8, qps: usize, bytes: usize) -> Res<String> {
+    let (ip_a, ip_b) = (format!("10.213.{subnet}.1"), format!("10.213.{subnet}.2"));
+    let sizes = [format!("qps={qps}"), format!("bytes={bytes}")];
+    let mut target = Proc::spawn(
+        ip,
+        b,
+        "target",
+        "bulk-target",
+        &[&[format!("ip={ip_b}")][..], &sizes].concat(),
+    )?;
+    let port = target.expect("listening", STEP)?;
+    let mut writer = Proc::spawn(
+        ip,
+        a,
+        "writer",
+        "bulk-writer",
+        &[
+            &[format!("ip={ip_a}"), format!("server={ip_b}:{port}")][..],
+            &sizes,
+        ]
+        .concat(),
+    )?;
+    wait_all(&mut [&mut target, &mut writer], BOTTLENECK_LIMIT + STEP)?;
+    target.expect("verified", Duration::ZERO)?;
+    writer.expect("result", Duration::ZERO)
+}
+
+/// Scenario 4: bulk WRITEs through a 1 Gbit/s bottleneck, on one QP and on four, every byte
+/// verified at the receiver.
+fn bottleneck_bulk_verified(ip: &Ip) -> Res<()> {
+    for (name, qps, bytes) in [("bulk1", 1, 32 << 20), ("bulk4", 4, 16 << 20)] {
+        let mut net = Net::new(ip, name);
+        let (a, b) = bottleneck_pair(&mut net, 4, 0)?;
+        let result = bulk_through(ip, &a, &b, 4, qps, bytes).ctx(&format!("{qps} QPs"))?;
+        println!(
+            "netns:   {qps} QP(s) x {} MiB through 1 Gbit/s: {result}",
+            bytes >> 20
+        );
+    }
+    Ok(())
+}
+
+/// Scenario 5: the same bottleneck, with 1 % and then 5 % of the wire's packets dropped at
+/// random in both directions; every byte verified.
+fn bottleneck_random_loss_verified(ip: &Ip) -> Res<()> {
+    for (name, per_mille, bytes) in [("loss1", 10, 16 << 20), ("loss5", 50, 8 << 20)] {
+        let mut net = Net::new(ip, name);
+        let (a, b) = bottleneck_pair(&mut net, 5, per_mille)?;
+        let result = bulk_through(ip, &a, &b, 5, 1, bytes)
+            .ctx(&format!("{} % loss", f64::from(per_mille) / 10.0))?;
+        println!(
+            "netns:   1 QP x {} MiB through 1 Gbit/s, {} % loss: {result}",
+            bytes >> 20,
+            f64::from(per_mille) / 10.0
+        );
+    }
+    Ok(())
+}
+
+/// How long the flows of scenarios 6 and 7 stream.
+const FLOW_WINDOW: Duration = Duration::from_secs(3);
+
+/// Starts a flow target in `ns` for `flows` ferroce flows; returns it and its port.
+fn flow_target(ip: &Ip, ns: &str, addr: &str, flows: usize) -> Res<(Proc, String)> {
+    let mut target = Proc::spawn(
+        ip,
+        ns,
+        "target",
+        "flow-target",
+        &[format!("ip={addr}"), format!("flows={flows}")],
+    )?;
+    let port = target.expect("listening", STEP)?;
+    Ok((target, port))
+}
+
+/// Starts a ferroce flow in `ns` towards `server`, connected and waiting for `go`.
+fn flow_writer(ip: &Ip, ns: &str, name: &str, addr: &str, server: &str) -> Res<Proc> {
+    let mut w = Proc::spawn(
+        ip,
+        ns,
+        name,
+        "flow-writer",
+        &[
+            format!("ip={addr}"),
+            format!("server={server}"),
+            format!("window_ms={}", FLOW_WINDOW.as_millis()),
+        ],
+    )?;
+    w.expect("connected", STEP)?;
+    Ok(w)
+}
+
+/// Scenario 6: four ferroce flows (four processes, each its own context and UDP port) share
+/// the bottleneck for `FLOW_WINDOW`; each must deliver at least 1/32 of the total.
+fn bottleneck_no_flow_starves(ip: &Ip) -> Res<()> {
+    const FLOWS: usize = 4;
+    let mut net = Net::new(ip, "starve");
+    let (a, b) = bottleneck_pair(&mut net, 6, 0)?;
+    let (mut target, port) = flow_target(ip, &b, "10.213.6.2", FLOWS)?;
+    let server = format!("10.213.6.2:{port}");
+    let mut writers = Vec::new();
+    for i in 0..FLOWS {
+        writers.push(flow_writer(
+            ip,
+            &a,
+            &format!("flow-{i}"),
+            "10.213.6.1",
+            &server,
+        )?);
+    }
+    target.expect("connected", STEP)?;
+    for w in writers.iter_mut() {
+        w.send("go")?;
+    }
+    let mut reports = Vec::new();
+    for w in writers.iter_mut() {
+        reports.push(w.expect("flow", FLOW_WINDOW + BOTTLENECK_LIMIT)?);
+    }
+    target.send("stop")?;
+    let mut all: Vec<&mut Proc> = writers.iter_mut().collect();
+    all.push(&mut target);
+    wait_all(&mut all, STEP)?;
+    let bytes = reports
+        .iter()
+        .map(|r| field_f64(r, "bytes"))
+        .collect::<Res<Vec<f64>>>()?;
+    let total: f64 = bytes.iter().sum();
+    let secs = FLOW_WINDOW.as_secs_f64();
+    let jain = total * total / (FLOWS as f64 * bytes.iter().map(|x| x * x).sum::<f64>()).max(1.0);
+    for (i, r) in reports.iter().enumerate() {
+        println!("netns:   flow {i}: {r}");
+    }
+    println!(
+        "netns:   {FLOWS} flows: {:.1} MB/s together, per flow {:?} MB/s, Jain's index {jain:.3}",
+        total / secs / 1e6,
+        bytes
+            .iter()
+            .map(|b| (b / secs / 1e5).round() / 10.0)
+            .collect::<Vec<_>>()
+    );
+    let floor = total / (FLOWS as f64 * 8.0);
+    if total == 0.0 {
+        return Err("no flow delivered anything".into());
+    }
+    if let Some(i) = bytes.iter().position(|&b| b < floor) {
+        return Err(format!(
+            "flow {i} starved: {} bytes in {secs} s, less than 1/{} of the {total} all delivered",
+            bytes[i],
+            FLOWS * 8
+        ));
+    }
+    Ok(())
+}
+
+/// Scenario 7: a ferroce flow and a TCP stream share the bottleneck for `FLOW_WINDOW`; each
+/// must get at least 5 % of the link rate.
+fn bottleneck_shared_with_tcp(ip: &Ip) -> Res<()> {
+    let mut net = Net::new(ip, "tcp");
+    let (a, b) = bottleneck_pair(&mut net, 7, 0)?;
+    let (ip_a, ip_b) = ("10.213.7.1", "10.213.7.2");
+    let (mut target, port) = flow_target(ip, &b, ip_b, 1)?;
+    let mut sink = Proc::spawn(
+        ip,
+        &b,
+        "tcp-sink",
+        "tcp-sink",
+        &[
+            format!("ip={ip_b}"),
+            format!("window_ms={}", FLOW_WINDOW.as_millis()),
+        ],
+    )?;
+    let tcp_port = sink.expect("listening", STEP)?;
+    let mut source = Proc::spawn(
+        ip,
+        &a,
+        "tcp-source",
+        "tcp-source",
+        &[
+            format!("server={ip_b}:{tcp_port}"),
+            format!("window_ms={}", FLOW_WINDOW.as_millis()),
+        ],
+    )?;
+    source.expect("connected", STEP)?;
+    sink.expect("connected", STEP)?;
+    let mut writer = flow_writer(ip, &a, "ferroce", ip_a, &format!("{ip_b}:{port}"))?;
+    target.expect("connected", STEP)?;
+    for p in [&mut sink, &mut source, &mut writer] {
+        p.send("go")?;
+    }
+    let flow = writer.expect("flow", FLOW_WINDOW + BOTTLENECK_LIMIT)?;
+    let tcp = sink.expect("tcp", FLOW_WINDOW + STEP)?;
+    target.send("stop")?;
+    wait_all(
+        &mut [&mut target, &mut sink, &mut source, &mut writer],
+        STEP,
+    )?;
+    let secs = FLOW_WINDOW.as_secs_f64();
+    let (f, t) = (field_f64(&flow, "bytes")?, field_f64(&tcp, "bytes")?);
+    println!("netns:   ferroce: {flow}");
+    println!("netns:   TCP:     {tcp}");
+    println!(
+        "netns:   ferroce {:.1} MB/s, TCP {:.1} MB/s through 1 Gbit/s",
+        f / secs / 1e6,
+        t / secs / 1e6
+    );
+    let floor = 0.05 * GIGABIT.bytes_per_sec * secs;
+    for (who, got) in [("ferroce", f), ("TCP", t)] {
+        if got < floor {
+            return Err(format!(
+                "{who} got {:.1} MB/s beside the other flow, less than 5 % of the link ({:.1} MB/s)",
+                got / secs / 1e6,
+                floor / secs / 1e6
+            ));
+        }
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------------------------------------
 // The peers.
 // ------------------------------------------------------------------------------------------
@@ -824,6 +1195,12 @@ mod role {
             "flap-initiator" => flap_initiator(&kv),
             "survivor" => survivor(&kv),
             "peer" => peer(&kv),
+            "bulk-target" => bulk_target(&kv),
+            "bulk-writer" => bulk_writer(&kv),
+            "flow-target" => flow_target(&kv),
+            "flow-writer" => flow_writer(&kv),
+            "tcp-sink" => tcp_sink(&kv),
+            "tcp-source" => tcp_source(&kv),
             other => Err(format!("unknown role {other}")),
         };
         match r {
@@ -849,6 +1226,12 @@ mod role {
         }
         fn server(&self) -> Res<SocketAddr> {
             self.get("server")?.parse().ctx("server=")
+        }
+        fn usize(&self, k: &str) -> Res<usize> {
+            self.get(k)?.parse().ctx(&format!("{k}="))
+        }
+        fn window(&self) -> Res<Duration> {
+            Ok(Duration::from_millis(self.usize("window_ms")? as u64))
         }
     }
 
@@ -1914,6 +2297,368 @@ mod role {
         verify_ring(&mr, 0, stream_tag(true, index), rounds)
             .ctx("the survivor's writes into this peer")?;
         emit("verified", "");
+        Ok(())
+    }
+
+    // The bottleneck scenarios.
+
+    /// Their WRITEs: 64 KiB each, as `perf write_bw` by default.
+    const BULK_CHUNK: usize = 64 << 10;
+    /// WRITEs in flight per QP (4 MiB): far more than the bottleneck's bandwidth-delay product
+    /// and its queue (157 KB), as an application streaming data posts; holding that back is
+    /// the transport's work.
+    const BULK_DEPTH: usize = 64;
+    /// A writer gives up (and says how far it got) this long after it started, before the
+    /// orchestrator's own wait runs out.
+    const BULK_GIVE_UP: Duration = Duration::from_secs(38);
+
+    fn bulk_tag(q: usize) -> u64 {
+        0xb01c_0000 + q as u64
+    }
+
+    /// Connects `qps` QPs of `h` over one exchange (`accept_many`/`connect_many`), each
+    /// offering its slice of `mr` (`span` bytes per QP, nothing if `span` is 0). Returns the QPs,
+    /// the connection and the peer's regions, in QP order.
+    fn connect_qps(
+        h: &Host,
+        mr: &MemoryRegion,
+        qps: usize,
+        span: usize,
+        listener: Option<&Listener>,
+        server: Option<SocketAddr>,
+    ) -> Res<(Vec<QueuePair>, Connection, Vec<RemoteRegion>)> {
+        let qs = (0..qps).map(|_| qp(h)).collect::<Res<Vec<_>>>()?;
+        let locals: Vec<EndpointInfo> = qs
+            .iter()
+            .enumerate()
+            .map(|(i, q)| local_endpoint(q, region(mr, i * span, span)))
+            .collect();
+        let mut conn = match (listener, server) {
+            (Some(l), _) => l.accept_many(&locals, STEP).ctx("accepting the writer")?,
+            (None, Some(s)) => {
+                cm::connect_many(s, &locals, STEP).ctx(&format!("connecting to {s}"))?
+            }
+            (None, None) => return Err("internal: neither listener nor server".into()),
+        };
+        if conn.peers.len() != qps {
+            return Err(format!(
+                "the peer has {} QPs, expected {qps}",
+                conn.peers.len()
+            ));
+        }
+        for ((q, l), p) in qs.iter().zip(&locals).zip(&conn.peers) {
+            q.connect(l, p, &ConnectOptions::default())
+                .ctx("connecting a QP")?;
+        }
+        conn.sync(STEP).ctx("the first barrier")?;
+        let remotes = conn
+            .peers
+            .iter()
+            .map(|p| p.region.ok_or("the peer offered no memory region"))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((qs, conn, remotes))
+    }
+
+    /// Receives `bytes` on each of `qps` QPs and verifies them, once the writer says it is done.
+    fn bulk_target(a: &Args) -> Res<()> {
+        let ip = a.ip()?;
+        let (qps, bytes) = (a.usize("qps")?, a.usize("bytes")?);
+        let h = host(ip, 64)?;
+        let mr = h.pd.alloc_mr(qps * bytes, Access::ALL).ctx("allocating")?;
+        let l = listen(ip)?;
+        let (qs, mut conn, _) = connect_qps(&h, &mr, qps, bytes, Some(&l), None)?;
+        // The engine thread serves the WRITEs; this thread waits for the writer's word.
+        conn.sync(BULK_GIVE_UP + STEP)
+            .ctx("waiting for the end of the stream")?;
+        for q in 0..qps {
+            verify(
+                &mr,
+                q * bytes,
+                &pattern(bulk_tag(q), 0, bytes),
+                &format!("the {} MiB written on QP {q}", bytes >> 20),
+            )?;
+        }
+        let c = qs.iter().map(|q| q.counters()).collect::<Vec<_>>();
+        barrier(&mut conn, "verified")?;
+        emit(
+            "verified",
+            &format!(
+                "out_of_seq_request={} seq_naks_sent={}",
+                c.iter().map(|c| c.out_of_seq_request).sum::<u64>(),
+                c.iter().map(|c| c.send_seq_nak).sum::<u64>()
+            ),
+        );
+        Ok(())
+    }
+
+    /// WRITEs `bytes` of its pattern on each of `qps` QPs, `BULK_DEPTH` in flight per QP.
+    fn bulk_writer(a: &Args) -> Res<()> {
+        let (qps, bytes) = (a.usize("qps")?, a.usize("bytes")?);
+        if bytes % BULK_CHUNK != 0 {
+            return Err(format!("bytes={bytes} is not a multiple of {BULK_CHUNK}"));
+        }
+        let h = host(a.ip()?, 4096)?;
+        let mr = h.pd.alloc_mr(qps * bytes, Access::ALL).ctx("allocating")?;
+        for q in 0..qps {
+            mr.write(q * bytes, &pattern(bulk_tag(q), 0, bytes))
+                .ctx("writing a source")?;
+        }
+        let (qs, mut conn, remotes) = connect_qps(&h, &mr, qps, 0, None, Some(a.server()?))?;
+        if let Some(r) = remotes.iter().find(|r| r.len < bytes as u64) {
+            return Err(format!("a region of the target has {} bytes", r.len));
+        }
+        let chunks = bytes / BULK_CHUNK;
+        let (mut posted, mut done) = (vec![0usize; qps], vec![0usize; qps]);
+        let mut wcs = vec![ferroce::empty_wc(); 64];
+        let t0 = Instant::now();
+        let mut last_wc = t0;
+        while done.iter().sum::<usize>() < qps * chunks {
+            for q in 0..qps {
+                let room = (chunks - posted[q]).min(BULK_DEPTH - (posted[q] - done[q]));
+                if room == 0 {
+                    continue;
+                }
+                let wrs = (posted[q]..posted[q] + room)
+                    .map(|i| {
+                        let off = q * bytes + i * BULK_CHUNK;
+                        Ok(SendWr::new(
+                            ((q as u64) << 32) | i as u64,
+                            SendOp::Write,
+                            sgl(&mr, off, BULK_CHUNK)?,
+                        )
+                        .remote(remotes[q].addr + (i * BULK_CHUNK) as u64, remotes[q].rkey))
+                    })
+                    .collect::<Res<Vec<_>>>()?;
+                qs[q].post_send_batch(wrs).ctx("posting")?;
+                posted[q] += room;
+            }
+            let n = h.cq.poll(&mut wcs).ctx("polling")?;
+            for wc in &wcs[..n] {
+                let q = (wc.wr_id >> 32) as usize;
+                let i = (wc.wr_id & 0xffff_ffff) as usize;
+                if q >= qps || i != done[q] {
+                    return Err(format!("completion out of order: {wc:?}; done {done:?}"));
+                }
+                check_wc(wc, wc.wr_id, WcOpcode::RdmaWrite, None, None)
+                    .ctx(&format!("WRITE {i} of QP {q}"))?;
+                done[q] += 1;
+            }
+            if n > 0 {
+                last_wc = Instant::now();
+            } else if last_wc.elapsed() > STUCK || t0.elapsed() > BULK_GIVE_UP {
+                return Err(format!(
+                    "after {} ms ({} ms since the last completion) {} of {} MiB are written, per QP {:?} of {chunks} WRITEs; QP states {:?}, counters {:?}",
+                    ms(t0.elapsed()),
+                    ms(last_wc.elapsed()),
+                    (done.iter().sum::<usize>() * BULK_CHUNK) >> 20,
+                    (qps * bytes) >> 20,
+                    done,
+                    qs.iter().map(|q| q.state()).collect::<Vec<_>>(),
+                    h.ctx.counters()
+                ));
+            } else {
+                h.idle(Duration::from_millis(2))?;
+            }
+        }
+        let took = t0.elapsed();
+        let c = h.ctx.counters();
+        let retransmits: u64 = qs.iter().map(|q| q.counters().retransmits).sum();
+        let sent: u64 = qs.iter().map(|q| q.counters().sent_pkts).sum();
+        emit(
+            "result",
+            &format!(
+                "ms={} mb_s={:.1} retransmits={retransmits} sent_pkts={sent} rx_packets={}",
+                ms(took),
+                (qps * bytes) as f64 / took.as_secs_f64() / 1e6,
+                c.rx_packets
+            ),
+        );
+        barrier(&mut conn, "written")?;
+        barrier(&mut conn, "verified")?;
+        Ok(())
+    }
+
+    /// The ring each flow writes into at its target: 16 slots of 64 KiB.
+    const FLOW_SPAN: usize = 16 * BULK_CHUNK;
+
+    /// Serves `flows` one-QP connections, each with its own ring, until told to stop.
+    fn flow_target(a: &Args) -> Res<()> {
+        let ip = a.ip()?;
+        let flows = a.usize("flows")?;
+        let h = host(ip, 64)?;
+        let mr =
+            h.pd.alloc_mr(flows * FLOW_SPAN, Access::ALL)
+                .ctx("allocating")?;
+        let l = listen(ip)?;
+        let mut keep = Vec::new();
+        for i in 0..flows {
+            let qp = qp(&h)?;
+            let (conn, _) = accept(
+                &l,
+                &qp,
+                region(&mr, i * FLOW_SPAN, FLOW_SPAN),
+                &ConnectOptions::default(),
+            )?;
+            keep.push((qp, conn));
+        }
+        emit("connected", "");
+        let cmds = Commands::start();
+        cmds.wait("stop", ROLE_LIMIT)?;
+        Ok(())
+    }
+
+    /// One flow: after `go`, WRITEs 64 KiB messages round its ring at the target for
+    /// `window_ms`, `BULK_DEPTH` in flight, and reports the bytes whose completion came within
+    /// the window. What is still in flight then may drain for `STUCK` at most; a flow that
+    /// cannot drain says so in its report (`outstanding`), which is the orchestrator's to judge.
+    fn flow_writer(a: &Args) -> Res<()> {
+        let window = a.window()?;
+        let h = host(a.ip()?, 1024)?;
+        let mr = h.pd.alloc_mr(FLOW_SPAN, Access::ALL).ctx("allocating")?;
+        mr.write(0, &pattern(0xf10, 0, FLOW_SPAN)).ctx("filling")?;
+        let qp = qp(&h)?;
+        let (_conn, remote) = connect(
+            a.server()?,
+            &qp,
+            region(&mr, 0, 0),
+            &ConnectOptions::default(),
+        )?;
+        if remote.len < FLOW_SPAN as u64 {
+            return Err(format!("the target's ring has {} bytes", remote.len));
+        }
+        emit("connected", "");
+        let cmds = Commands::start();
+        cmds.wait("go", STEP)?;
+        let t0 = Instant::now();
+        let end = t0 + window;
+        let (mut posted, mut done, mut in_window) = (0usize, 0usize, 0usize);
+        let mut wcs = vec![ferroce::empty_wc(); 64];
+        let mut last_wc = t0;
+        loop {
+            let now = Instant::now();
+            if now < end && posted - done < BULK_DEPTH {
+                let wrs = (posted..posted + BULK_DEPTH - (posted - done))
+                    .map(|i| {
+                        let off = (i % 16) * BULK_CHUNK;
+                        Ok(
+                            SendWr::new(i as u64, SendOp::Write, sgl(&mr, off, BULK_CHUNK)?)
+                                .remote(remote.addr + off as u64, remote.rkey),
+                        )
+                    })
+                    .collect::<Res<Vec<_>>>()?;
+                posted += wrs.len();
+                qp.post_send_batch(wrs).ctx("posting")?;
+            }
+            let n = h.cq.poll(&mut wcs).ctx("polling")?;
+            let at = Instant::now();
+            for wc in &wcs[..n] {
+                check_wc(wc, done as u64, WcOpcode::RdmaWrite, None, None)
+                    .ctx(&format!("WRITE {done}"))?;
+                done += 1;
+                if at <= end {
+                    in_window += 1;
+                }
+            }
+            if n > 0 {
+                last_wc = at;
+            }
+            if at >= end && (done == posted || last_wc.elapsed() > STUCK) {
+                break;
+            }
+            if n == 0 {
+                h.idle(Duration::from_millis(2))?;
+            }
+        }
+        let c = qp.counters();
+        emit(
+            "flow",
+            &format!(
+                "bytes={} mb_s={:.1} outstanding={} retransmits={} sent_pkts={}",
+                in_window * BULK_CHUNK,
+                (in_window * BULK_CHUNK) as f64 / window.as_secs_f64() / 1e6,
+                posted - done,
+                c.retransmits,
+                c.sent_pkts
+            ),
+        );
+        Ok(())
+    }
+
+    /// Accepts one TCP connection and counts the bytes it reads within `window_ms` of `go`,
+    /// then reads on to the end of the stream.
+    fn tcp_sink(a: &Args) -> Res<()> {
+        let window = a.window()?;
+        let l = std::net::TcpListener::bind(SocketAddr::new(a.ip()?, 0)).ctx("listening")?;
+        emit(
+            "listening",
+            &l.local_addr().ctx("local address")?.port().to_string(),
+        );
+        let (mut s, _) = l.accept().ctx("accepting")?;
+        s.set_read_timeout(Some(Duration::from_millis(20)))
+            .ctx("setting a read timeout")?;
+        emit("connected", "");
+        let cmds = Commands::start();
+        cmds.wait("go", STEP)?;
+        let end = Instant::now() + window;
+        let (mut in_window, mut total) = (0u64, 0u64);
+        let mut buf = vec![0u8; 1 << 20];
+        let give_up = end + STEP;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    total += n as u64;
+                    if Instant::now() <= end {
+                        in_window += n as u64;
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(format!("reading: {e}")),
+            }
+            if Instant::now() > give_up {
+                return Err(format!(
+                    "the TCP stream did not end within {STEP:?} of the window"
+                ));
+            }
+        }
+        emit(
+            "tcp",
+            &format!(
+                "bytes={in_window} mb_s={:.1} total={total}",
+                in_window as f64 / window.as_secs_f64() / 1e6
+            ),
+        );
+        Ok(())
+    }
+
+    /// Connects to the sink and, after `go`, writes as fast as TCP takes it for `window_ms`
+    /// and a little more (so the sink's window is covered), then closes.
+    fn tcp_source(a: &Args) -> Res<()> {
+        let window = a.window()?;
+        let mut s = std::net::TcpStream::connect_timeout(&a.server()?, STEP).ctx("connecting")?;
+        s.set_write_timeout(Some(Duration::from_millis(20)))
+            .ctx("setting a write timeout")?;
+        emit("connected", "");
+        let cmds = Commands::start();
+        cmds.wait("go", STEP)?;
+        let end = Instant::now() + window + Duration::from_millis(300);
+        let buf = vec![0x7cu8; 64 << 10];
+        while Instant::now() < end {
+            match s.write(&buf) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(format!("writing: {e}")),
+            }
+        }
+        s.shutdown(std::net::Shutdown::Write).ctx("closing")?;
         Ok(())
     }
 }

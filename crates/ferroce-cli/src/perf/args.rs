@@ -106,6 +106,14 @@ pub struct PerfArgs {
     /// UDP port of this side's RoCE socket (0: any free port; the peer learns it).
     #[arg(long, default_value_t = 0)]
     pub(super) roce_port: u16,
+    /// Bandwidth tests over WRITE or READ: post for this many seconds instead of --iters
+    /// messages. Each QP then keeps its own --tx-depth requests in flight (no QP waits for
+    /// another), and the report counts the messages that completed within the time, per QP
+    /// too. After the time the client waits at most --timeout seconds for what is still in
+    /// flight; a run that fails or cannot drain still reports what was delivered (JSON:
+    /// "finished": false), then fails.
+    #[arg(long, value_name = "SECS")]
+    pub(super) duration: Option<f64>,
     /// Work requests in flight in bandwidth tests.
     #[arg(long, short = 't', default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(super) tx_depth: u32,
@@ -176,6 +184,38 @@ impl PerfArgs {
             None if self.test.is_lat() => 1000,
             None if self.all => 5000u64.min(((1u64 << 30) / size.max(1)).max(16)),
             None => 5000,
+        }
+    }
+    /// `--duration` as a duration, once `check_duration` has accepted it.
+    pub(super) fn window(&self) -> Option<Duration> {
+        self.duration.map(Duration::from_secs_f64)
+    }
+    /// Refuses a `--duration` the tests cannot honour.
+    pub(super) fn check_duration(&self) -> Result<(), String> {
+        let Some(d) = self.duration else {
+            return Ok(());
+        };
+        if !(d.is_finite() && d > 0.0 && d <= 86_400.0) {
+            return Err(format!(
+                "--duration {d}: give seconds, more than 0 and at most a day"
+            ));
+        }
+        if !matches!(self.test, Test::WriteBw | Test::ReadBw) {
+            return Err("--duration is for write_bw and read_bw (the other tests count messages the server must know in advance)".into());
+        }
+        if self.perftest {
+            return Err(
+                "--duration is ferroce's own; perftest's exchange has no such option".into(),
+            );
+        }
+        Ok(())
+    }
+    /// How long a side waits at the barrier after a round of `iters` messages: the peer may
+    /// still be sending, for `--duration` and then its drain if the run is timed.
+    pub(super) fn round_sync(&self, iters: u64) -> Duration {
+        match self.window() {
+            Some(w) => w + 2 * self.timeout() + Duration::from_secs(60),
+            None => self.timeout() + Duration::from_secs(iters / 1000 + 60),
         }
     }
     pub(super) fn timeout(&self) -> Duration {

@@ -9,6 +9,11 @@
 //!
 //! Latency is half the round trip for WRITE and SEND (ping-pong) and the whole operation for
 //! READ and atomics, as perftest reports them. MB is 2^20 bytes, as in perftest.
+//!
+//! `--duration SECS` (write_bw, read_bw) runs for a time instead of a count, each QP with its
+//! own window, and reports every QP's bytes: what `scripts/bench_net.sh` needs for per-flow
+//! goodput and fairness, and for a row that says how much a collapsing run delivered instead
+//! of no row at all.
 
 mod args;
 mod perftest;
@@ -42,6 +47,7 @@ pub fn run(args: &PerfArgs) -> Res<ExitCode> {
     if args.perftest {
         return perftest::run(args);
     }
+    args.check_duration()?;
     if args.test.is_lat() && args.qps != 1 {
         return Err("latency tests use one QP (--qps 1)".into());
     }
@@ -250,7 +256,7 @@ fn serve(args: &PerfArgs, listener: &Listener) -> Res<()> {
             // One-sided tests: the server does nothing; its engine serves the client.
             _ => {}
         }
-        s.sync(t + Duration::from_secs(iters / 1000 + 60))?;
+        s.sync(args.round_sync(iters))?;
         if args.verify {
             match args.test {
                 Test::WriteBw => {
@@ -324,6 +330,34 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
             } else {
                 st.line()
             }
+        } else if let Some(window) = args.window() {
+            let r = bw_round_timed(args, &s, size, window, t)?;
+            let line = timed_report(args, size, window, &r);
+            if !r.clean() {
+                // The peer cannot be told the round is over (it would wait for the rest), so
+                // report what was delivered and end here.
+                if !args.json && !header_done {
+                    println!("{}", BwStats::HEADER);
+                }
+                println!("{line}");
+                if args.counters {
+                    print_counters(args, &s);
+                }
+                let mut why = Vec::new();
+                if r.outstanding > 0 {
+                    why.push(format!(
+                        "{} messages still outstanding {} s after the {} s run",
+                        r.outstanding,
+                        t.as_secs(),
+                        window.as_secs_f64()
+                    ));
+                }
+                if let Some((first, qps)) = &r.failure {
+                    why.push(format!("{qps} QPs failed, the first with: {first}"));
+                }
+                return Err(format!("the timed run did not finish: {}", why.join("; ")));
+            }
+            line
         } else {
             let times = bw_round(args, &s, size, iters, deadline)?;
             let st =
@@ -351,7 +385,7 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
                 _ => {}
             }
         }
-        s.sync(t + Duration::from_secs(iters / 1000 + 60))?;
+        s.sync(args.round_sync(iters))?;
         s.sync(t)?;
         if !args.json && !header_done {
             println!(
@@ -373,6 +407,45 @@ fn client(args: &PerfArgs, server: SocketAddr) -> Res<ExitCode> {
         print_counters(args, &s);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The result line of a timed round: the usual statistics over the whole window, then (JSON)
+/// the window, each QP's share and what did not complete, or (text) each QP's average on a
+/// second line.
+fn timed_report(args: &PerfArgs, size: u64, window: Duration, r: &TimedBw) -> String {
+    let st = BwStats::over(size, &r.times, window.as_nanos() as u64);
+    let secs = window.as_secs_f64();
+    let mb = (1u64 << 20) as f64;
+    let per_qp_mb_s: Vec<f64> = r
+        .per_qp
+        .iter()
+        .map(|&n| (n * size) as f64 / mb / secs)
+        .collect();
+    if args.json {
+        let mut v = st.json();
+        let extra = serde_json::json!({
+            "duration_s": secs,
+            "delivered_bytes": r.per_qp.iter().sum::<u64>() * size,
+            "per_qp_bytes": r.per_qp.iter().map(|&n| n * size).collect::<Vec<_>>(),
+            "per_qp_mb_s": per_qp_mb_s,
+            "late_completions": r.late,
+            "outstanding": r.outstanding,
+            "failed_qps": r.failure.as_ref().map_or(0, |f| f.1),
+            "error": r.failure.as_ref().map(|f| f.0.clone()),
+            "finished": r.clean(),
+        });
+        if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
+            o.extend(e);
+        }
+        v.to_string()
+    } else {
+        let per: Vec<String> = per_qp_mb_s.iter().map(|x| format!("{x:.2}")).collect();
+        format!(
+            "{}\n per-QP BW average[MB/sec] over {secs} s: {}",
+            st.line(),
+            per.join(" ")
+        )
+    }
 }
 
 fn print_banner(args: &PerfArgs, s: &Session) {

@@ -88,8 +88,16 @@ const MB: f64 = (1u64 << 20) as f64;
 impl BwStats {
     /// From the completion times (ns since the first post) of every message, in order.
     pub fn from_completions(bytes: u64, completions_ns: &[u64]) -> BwStats {
+        let total_ns = completions_ns.last().copied().unwrap_or(0);
+        BwStats::over(bytes, completions_ns, total_ns)
+    }
+
+    /// From the completion times (ns since the first post) of the messages that completed
+    /// within a timed run of `window_ns`: the average is over the whole window, so a stalled
+    /// tail counts against it.
+    pub fn over(bytes: u64, completions_ns: &[u64], window_ns: u64) -> BwStats {
         let n = completions_ns.len() as u64;
-        let total_ns = completions_ns.last().copied().unwrap_or(0).max(1);
+        let total_ns = window_ns.max(1);
         let secs = total_ns as f64 / 1e9;
         let bw_avg = (bytes * n) as f64 / MB / secs;
         // Peak: the best of twenty equal stretches of time. (Completions arrive in batches
@@ -159,5 +167,16 @@ mod tests {
         assert!((b.bw_avg - 1000.0).abs() < 1e-6);
         assert!((b.bw_peak - 1000.0).abs() < 1e-6);
         assert!((b.msg_rate - 0.001).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_timed_run_averages_over_its_whole_window() {
+        // 100 messages of 1 MiB in the first 100 ms of a one-second window, then nothing.
+        let t: Vec<u64> = (1..=100).map(|i| i * 1_000_000).collect();
+        let b = BwStats::over(1 << 20, &t, 1_000_000_000);
+        assert!((b.bw_avg - 100.0).abs() < 1e-6);
+        assert!((b.bw_peak - 1000.0).abs() < 1e-6, "{}", b.bw_peak);
+        let none = BwStats::over(1 << 20, &[], 1_000_000_000);
+        assert_eq!((none.bw_avg, none.bw_peak, none.iterations), (0.0, 0.0, 0));
     }
 }

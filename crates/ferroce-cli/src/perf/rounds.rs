@@ -188,3 +188,108 @@ pub(super) fn bw_round(
     }
     Ok(times)
 }
+
+/// What a timed bandwidth round (`--duration`) delivered.
+pub(super) struct TimedBw {
+    /// Completion times (ns since the first post) of the messages completed within the window.
+    pub(super) times: Vec<u64>,
+    /// Messages each QP completed within the window.
+    pub(super) per_qp: Vec<u64>,
+    /// Messages that completed after the window, while the round drained.
+    pub(super) late: u64,
+    /// Messages still outstanding when the round stopped waiting for them.
+    pub(super) outstanding: u64,
+    /// The first failed completion, and how many QPs failed.
+    pub(super) failure: Option<(String, usize)>,
+}
+
+impl TimedBw {
+    /// Whether everything posted completed, successfully.
+    pub(super) fn clean(&self) -> bool {
+        self.outstanding == 0 && self.failure.is_none()
+    }
+}
+
+/// A bandwidth round that posts for `window`, each QP keeping `--tx-depth` requests of its
+/// own in flight, then waits until `drain_until` at most for the rest. A failed completion
+/// stops that QP, not the round: what the others delivered is still reported.
+pub(super) fn bw_round_timed(
+    args: &PerfArgs,
+    s: &Session,
+    size: u64,
+    window: Duration,
+    drain_for: Duration,
+) -> Res<TimedBw> {
+    let nq = s.qps.len();
+    let depth = u64::from(args.tx_depth);
+    // One request per QP, built once; the work request id names the QP.
+    let wrs = (0..nq)
+        .map(|q| {
+            Ok(match args.test {
+                Test::WriteBw => SendWr::new(q as u64, SendOp::Write, sge(s, s.send_off(q), size)?)
+                    .remote(s.remote_addr(s.recv_off(q)), s.remote.rkey),
+                _ => SendWr::new(q as u64, SendOp::Read, sge(s, s.recv_off(q), size)?)
+                    .remote(s.remote_addr(s.send_off(q)), s.remote.rkey),
+            })
+        })
+        .collect::<Res<Vec<SendWr>>>()?;
+    let mut out = TimedBw {
+        times: Vec::new(),
+        per_qp: vec![0; nq],
+        late: 0,
+        outstanding: 0,
+        failure: None,
+    };
+    let mut in_flight = vec![0u64; nq];
+    let mut failed = vec![false; nq];
+    let mut wcs = vec![ferroce::empty_wc(); 64];
+    let t0 = Instant::now();
+    let end = t0 + window;
+    let mut drain_until = None;
+    loop {
+        let now = Instant::now();
+        let posting = now < end;
+        if posting {
+            for q in 0..nq {
+                let room = depth - in_flight[q];
+                if failed[q] || room == 0 {
+                    continue;
+                }
+                let batch = std::iter::repeat_with(|| wrs[q].clone()).take(room as usize);
+                s.qps[q].post_send_batch(batch).map_err(|e| e.to_string())?;
+                in_flight[q] += room;
+            }
+        }
+        let n = s.cq.poll(&mut wcs).map_err(|e| e.to_string())?;
+        let at = Instant::now();
+        for wc in &wcs[..n] {
+            let q = wc.wr_id as usize;
+            if q >= nq {
+                return Err(format!("a completion names no QP of this run: {wc:?}"));
+            }
+            in_flight[q] = in_flight[q].saturating_sub(1);
+            if let Err(e) = check_wc(wc) {
+                if !failed[q] {
+                    failed[q] = true;
+                    let first = out.failure.take().map_or(e, |(f, _)| f);
+                    out.failure = Some((first, failed.iter().filter(|f| **f).count()));
+                }
+                continue;
+            }
+            if at <= end {
+                out.per_qp[q] += 1;
+                out.times.push((at - t0).as_nanos() as u64);
+            } else {
+                out.late += 1;
+            }
+        }
+        if !posting {
+            let outstanding: u64 = in_flight.iter().sum();
+            let until = *drain_until.get_or_insert(at + drain_for);
+            if outstanding == 0 || at > until {
+                out.outstanding = outstanding;
+                return Ok(out);
+            }
+        }
+    }
+}
