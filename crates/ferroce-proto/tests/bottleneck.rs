@@ -40,25 +40,45 @@ fn run(cfg: &BottleneckConfig) -> BottleneckReport {
     r
 }
 
+/// What congestion control must achieve through the shared queue: the link kept busy, flows
+/// sharing it fairly, the queue held well below its limit (the delay-based window aims at
+/// about 100 µs, more for small windows), and nothing or almost nothing resent.
+fn assert_controlled(r: &BottleneckReport, goodput: f64, jain: f64, p99: Duration, retx: f64) {
+    assert!(r.link_utilisation >= 0.95, "utilisation: {r}");
+    assert!(r.goodput_fraction() >= goodput, "goodput: {r}");
+    assert!(r.jain_index >= jain, "fairness: {r}");
+    assert!(r.queue_delay.p99 <= p99, "queue delay: {r}");
+    assert!(r.retransmit_ratio() <= retx, "retransmissions: {r}");
+}
+
 #[test]
 fn one_flow_through_a_gigabit_tbf_keeps_every_promise() {
     let r = run(&config(1, 1, 1024));
     assert_eq!(r.jain_index, 1.0);
+    assert_eq!(r.tail_drops, 0, "{r}");
+    assert_controlled(&r, 0.9, 1.0, Duration::from_micros(400), 0.0);
 }
 
 #[test]
 fn four_flows_through_a_gigabit_tbf_keep_every_promise() {
-    run(&config(4, 4, 1024));
+    let r = run(&config(4, 4, 1024));
+    assert_eq!(r.tail_drops, 0, "{r}");
+    assert_controlled(&r, 0.9, 0.9, Duration::from_micros(1_000), 0.0);
 }
 
+/// Sixteen flows: fair and busy; the queue rises towards its limit while they all start (16
+/// initial windows are more than the queue) and a few packets are lost then.
 #[test]
 fn sixteen_flows_through_a_gigabit_tbf_keep_every_promise() {
-    run(&config(16, 16, 256));
+    let r = run(&config(16, 16, 1024));
+    assert_controlled(&r, 0.85, 0.95, Duration::from_micros(1_300), 0.05);
 }
 
-/// 32 KiB each: with more, today's go-back-N transport (no congestion control) locks some
-/// flows out of the full queue for eight ACK timeouts in a row, and they end in "transport
-/// retry counter exceeded" (see `sixty_four_flows_of_256_kib_each_all_finish`).
+/// 32 KiB each: with more, flows that start into a queue the others already filled take the
+/// queued delay for the path's own (the delay-based window has no other view of the base
+/// RTT), the queue stays full, and some flows are locked out for eight ACK timeouts in a row
+/// and end in "transport retry counter exceeded" (see
+/// `sixty_four_flows_of_256_kib_each_all_finish`).
 #[test]
 fn sixty_four_flows_through_a_gigabit_tbf_keep_every_promise() {
     run(&config(64, 64, 32));
@@ -156,10 +176,10 @@ fn a_directed_link_takes_its_pair_s_datagrams_before_the_link_into_the_node() {
     assert_eq!(noted("link:CE"), between.ce_marked);
 }
 
-/// What congestion control is for: today some of 64 flows of 256 KiB each are locked out of
-/// the full queue until their retries run out. Un-ignore once the transport paces.
+/// 64 flows of 256 KiB each with delay alone: flows that start into a full queue take it for
+/// the base delay, and some are locked out until their retries run out (see above).
 #[test]
-#[ignore = "today's transport (go-back-N, no congestion control) runs out of retries here"]
+#[ignore = "64 late-starting flows defeat a delay-based window without ECN (the base RTT they measure already holds a full queue)"]
 fn sixty_four_flows_of_256_kib_each_all_finish() {
     run(&config(64, 64, 256));
 }
