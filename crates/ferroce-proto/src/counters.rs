@@ -91,6 +91,17 @@ counters! {
         rdma_sends,
         /// Receive work requests completed successfully (`rdma_recvs`).
         rdma_recvs,
+        /// Packets that arrived marked Congestion Experienced in the IP header's ECN field
+        /// (`np_ecn_marked_roce_packets`, mlx5's name): a queue on the path was long.
+        np_ecn_marked_roce_packets,
+        /// CNPs sent to the peer in answer to marked packets, at most one per
+        /// [`crate::dcqcn::MIN_TIME_BETWEEN_CNPS`] (`np_cnp_sent`, mlx5's name).
+        np_cnp_sent,
+        /// CNPs received that cut the QP's sending rate (`rp_cnp_handled`, mlx5's name).
+        rp_cnp_handled,
+        /// CNPs received while the QP was not sending (not in RTS or SQD), and so ignored
+        /// (`rp_cnp_ignored`, mlx5's name).
+        rp_cnp_ignored,
     }
 }
 
@@ -128,6 +139,10 @@ mod tests {
             acks_sent: 24,
             rdma_sends: 25,
             rdma_recvs: 26,
+            np_ecn_marked_roce_packets: 27,
+            np_cnp_sent: 28,
+            rp_cnp_handled: 29,
+            rp_cnp_ignored: 30,
         }
     }
 

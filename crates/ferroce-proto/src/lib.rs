@@ -11,6 +11,7 @@
 pub mod attr;
 pub mod completion;
 pub mod counters;
+pub mod dcqcn;
 mod emit;
 pub mod memory;
 pub mod qp;
