@@ -350,7 +350,11 @@ impl NotificationPoint {
     /// A packet marked Congestion Experienced arrived at `now`: a CNP is owed unless one was
     /// owed within `interval` ([`MIN_TIME_BETWEEN_CNPS`]). Returns whether this one is owed.
     pub fn on_marked(&mut self, now: Instant, interval: Duration) -> bool {
-        if self.due || self.last.is_some_and(|t| now.saturating_since(t) < interval) {
+        if self.due
+            || self
+                .last
+                .is_some_and(|t| now.saturating_since(t) < interval)
+        {
             return false;
         }
         self.due = true;

@@ -85,7 +85,9 @@ pub(crate) fn cnp(buf: &mut [u8], p: &Params) -> Option<usize> {
         ack_req: false,
         psn: Psn::new(0),
     };
-    let total = PacketRepr::new(bth, ExtHeaders::default(), 0).emit(buf).ok()?;
+    let total = PacketRepr::new(bth, ExtHeaders::default(), 0)
+        .emit(buf)
+        .ok()?;
     buf[total - 4..total].fill(0);
     Some(total)
 }

@@ -5,9 +5,7 @@
 
 use ferroce_proto::dcqcn::MIN_TIME_BETWEEN_CNPS;
 use ferroce_proto::sim::pair::{connected_qp, default_rtr, default_rts};
-use ferroce_proto::{
-    Access, Instant, QpCaps, QpState, QueuePair, SendOp, SendWr, Sge, VecMemory,
-};
+use ferroce_proto::{Access, Instant, QpCaps, QpState, QueuePair, SendOp, SendWr, Sge, VecMemory};
 use ferroce_wire::opcode::Transport;
 use ferroce_wire::{Opcode, PacketRepr, Psn, RocePacket};
 
@@ -95,7 +93,11 @@ fn a_marked_request_owes_one_cnp_sent_before_the_ack() {
     // The CNP as RoCE v2 defines it (IBTA Annex A17.9.2).
     let cnp = RocePacket::new_checked(&answers[0][..]).unwrap();
     let repr = PacketRepr::parse(&cnp).unwrap();
-    assert_eq!(answers[0].len(), 12 + 16 + 4, "BTH, 16 reserved bytes, ICRC");
+    assert_eq!(
+        answers[0].len(),
+        12 + 16 + 4,
+        "BTH, 16 reserved bytes, ICRC"
+    );
     assert_eq!(repr.info().unwrap().transport, Transport::Cnp);
     assert_eq!(repr.bth.dest_qpn, 0x11, "to the peer's QP");
     assert!(repr.bth.becn, "BECN set");

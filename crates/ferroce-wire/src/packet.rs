@@ -553,7 +553,9 @@ mod tests {
         assert_eq!(repr.buffer_len().unwrap(), 32);
         let mut buf = [0xaau8; 32];
         assert_eq!(repr.emit(&mut buf).unwrap(), 32);
-        let expected_bth = [0x81, 0x00, 0xff, 0xff, 0x40, 0x00, 0x00, 0x12, 0x00, 0, 0, 0];
+        let expected_bth = [
+            0x81, 0x00, 0xff, 0xff, 0x40, 0x00, 0x00, 0x12, 0x00, 0, 0, 0,
+        ];
         assert_eq!(&buf[..12], &expected_bth);
         assert_eq!(&buf[12..28], &[0u8; 16], "reserved block zeroed");
         assert_eq!(&buf[28..], &[0xaa; 4], "the ICRC is the caller's");

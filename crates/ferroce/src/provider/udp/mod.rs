@@ -15,6 +15,26 @@
 //! on every read is a `recvmsg`. Without GRO the kernel cuts a coalesced arrival into datagrams
 //! before queueing it, so no read ever needs the control message it did not take.
 //!
+//! # ECN marks
+//! Packets leave ECT(0) (see [`socket`]); the context's socket has IP_RECVTOS on, and a packet
+//! whose TOS says Congestion Experienced is handed to its QP as marked, which owes its peer a
+//! CNP ([`ferroce_proto::QueuePair::handle_packet_ecn`]). The TOS comes as a control message,
+//! which the `recvfrom` of a single read does not take, and taking it (`recvmsg`) costs ~70 ns
+//! of every empty look, which a busy-polling 8-byte ping-pong makes all the time. So:
+//! - batch reads (`recvmmsg`, every read after one that brought something) and every read of a
+//!   coalescing socket (`recvmsg`) take it anyway;
+//! - the first datagram of data size (at least [`GSO_MIN_SEGMENT`] bytes: only WRITE, SEND and
+//!   READ-response packets are that large) makes every single read take it from then on, for
+//!   good, as GRO does;
+//! - until then a single read sees no TOS, and its datagram counts as unmarked.
+//!
+//! A queue builds only under bulk traffic, which has large packets and arrives in batches, so
+//! every datagram that can carry a meaningful mark is read with its TOS, even one a slow
+//! bottleneck spaces out so that every read finds one datagram alone; a ping-pong of small
+//! messages keeps `recvfrom`. What a single read misses before the switch is at most one
+//! datagram per empty look, and the notification point answers at most one mark per 50 µs
+//! anyway.
+//!
 //! # Send offload
 //! A run of [`GSO_MIN_RUN`] or more equal-size packets of at least [`GSO_MIN_SEGMENT`] bytes
 //! (a WRITE or READ stream) leaves with one UDP GSO send; the rest with `sendmmsg`.
@@ -76,6 +96,7 @@ use self::capture::Capture;
 use self::sys::RecvBatch;
 pub(crate) use self::sys::{BATCH, MAX_DATAGRAM};
 use super::engine::hand_over;
+use super::Ecn;
 use crate::error::{Error, Result};
 use crate::provider::{ContextShared, QpShared};
 
@@ -98,14 +119,21 @@ pub(crate) struct UdpPort {
     /// Whether the receiver may ask for UDP GRO once bulk traffic arrives (see "Receive
     /// offload"); `FERROCE_NO_GRO` says no.
     pub gro_allowed: bool,
+    /// The TOS byte every packet of the context leaves with (its QPs' sockets are bound
+    /// with it; see [`Ecn::tos`]).
+    pub tos: u8,
+    /// Whether the ECN marks of arriving packets are read (IP_RECVTOS is on; see "ECN marks").
+    pub reads_marks: bool,
 }
 
 impl UdpPort {
-    /// Binds the context's RoCE socket to `addr` (port 0: any free one), non-blocking, and opens
-    /// the capture file if one is asked for.
-    pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>) -> Result<UdpPort> {
-        let socket = socket::bind(addr, 8 << 20)
+    /// Binds the context's RoCE socket to `addr` (port 0: any free one), non-blocking, with
+    /// ECN as `ecn` says, and opens the capture file if one is asked for.
+    pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>, ecn: Ecn) -> Result<UdpPort> {
+        let socket = socket::bind(addr, 8 << 20, ecn.tos())
             .map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
+        // A kernel that does not hand over the TOS leaves every packet unmarked.
+        let reads_marks = ecn.reads_marks() && socket::receive_tos(&socket);
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
@@ -114,6 +142,8 @@ impl UdpPort {
             capture: capture.map(Capture::create).transpose()?,
             gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
             gro_allowed: std::env::var_os("FERROCE_NO_GRO").is_none(),
+            tos: ecn.tos(),
+            reads_marks,
         })
     }
 
@@ -147,11 +177,12 @@ pub(crate) struct QpSocket {
 }
 
 impl QpSocket {
-    /// Binds a sending socket on `ip`, any free port. It stays unconnected, though it sends
-    /// only to the QP's peer: Linux gives datagrams with DF set from a connected socket an
-    /// incrementing IPv4 Identification, and the ICRC covers that field.
-    pub(crate) fn open(ip: IpAddr) -> Result<QpSocket> {
-        let socket = socket::bind(SocketAddr::new(ip, 0), 4 << 20)
+    /// Binds a sending socket on `ip`, any free port, whose datagrams leave with the TOS byte
+    /// `tos` (the context's, [`UdpPort::tos`]). It stays unconnected, though it sends only to
+    /// the QP's peer: Linux gives datagrams with DF set from a connected socket an incrementing
+    /// IPv4 Identification, and the ICRC covers that field.
+    pub(crate) fn open(ip: IpAddr, tos: u8) -> Result<QpSocket> {
+        let socket = socket::bind(SocketAddr::new(ip, 0), 4 << 20, tos)
             .map_err(|e| Error::io("binding the QP's sending socket", e))?;
         let port = socket
             .local_addr()
@@ -182,6 +213,11 @@ pub(crate) struct UdpReceiver {
     last_qp: LastQp,
     /// Whether UDP GRO was asked for (see "Receive offload").
     gro_asked: bool,
+}
+
+/// Whether a TOS byte's ECN field says Congestion Experienced.
+fn congestion_experienced(tos: Option<u8>) -> bool {
+    tos.is_some_and(|t| t & 0b11 == 0b11)
 }
 
 impl UdpReceiver {
@@ -239,13 +275,21 @@ pub(crate) fn receive(
         did = true;
         for i in 0..n {
             if let Some((bytes, from, seg)) = r.rx.get(i) {
+                // One TOS for every datagram of a coalesced message: GRO merges only datagrams
+                // whose TOS agree.
+                let tos = r.rx.tos(i);
                 if bytes.is_empty() {
                     // An empty datagram: `chunks` would yield nothing, leaving it uncounted.
-                    deliver(shared, &mut r.last_qp, now, bytes, from);
+                    deliver(shared, &mut r.last_qp, now, bytes, from, tos);
                 }
                 // GRO hands several same-size datagrams over as one message.
                 for datagram in bytes.chunks(seg.max(1)) {
-                    deliver(shared, &mut r.last_qp, now, datagram, from);
+                    deliver(shared, &mut r.last_qp, now, datagram, from, tos);
+                }
+                if seg >= GSO_MIN_SEGMENT && shared.udp.reads_marks && !r.rx.takes_control() {
+                    // Data-size datagrams: from now on every read takes the TOS (see "ECN
+                    // marks").
+                    r.rx.enable_control();
                 }
             } else {
                 // A sender address of a family the socket cannot have: nothing to answer.
@@ -281,6 +325,7 @@ pub(crate) fn transmit(
     let src = SocketAddr::new(shared.local.ip(), qp.udp.port);
     let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
     h.dst_port = peer.port();
+    h.tos = shared.udp.tos;
     let k = lens.len();
     let bytes: usize = lens.iter().sum();
     let c = &shared.counters;
@@ -310,6 +355,7 @@ pub(crate) fn send_datagram(
 ) {
     let mut h = UdpFrameHeaders::roce(shared.local.ip(), from.port, peer.ip());
     h.dst_port = peer.port();
+    h.tos = shared.udp.tos;
     let lens = [buf.len()];
     let bufs = std::slice::from_mut(buf);
     seal(&mut h, bufs, &lens, false);
@@ -326,13 +372,15 @@ pub(crate) fn send_datagram(
     }
 }
 
-/// Checks one datagram and hands it to its QP.
+/// Checks one datagram and hands it to its QP; `tos` is the TOS byte it arrived with, if the
+/// read took it.
 fn deliver(
     shared: &ContextShared,
     last_qp: &mut LastQp,
     now: Instant,
     bytes: &[u8],
     from: SocketAddr,
+    tos: Option<u8>,
 ) {
     let c = &shared.counters;
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
@@ -343,6 +391,9 @@ fn deliver(
     };
     let mut h = UdpFrameHeaders::roce(from.ip(), from.port(), shared.local.ip());
     h.dst_port = shared.local.port();
+    // The capture shows the TOS it arrived with where the read took it (else 0); the ICRC
+    // masks it either way.
+    h.tos = tos.unwrap_or(0);
     let check = h
         .icrc_headers(bytes.len())
         .ok()
@@ -392,7 +443,8 @@ fn deliver(
         c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    hand_over(shared, now, qp, &pkt, bytes, Some(from.ip()));
+    let ce = shared.udp.reads_marks && congestion_experienced(tos);
+    hand_over(shared, now, qp, &pkt, bytes, Some(from.ip()), ce);
 }
 
 /// The QP the last datagram went to, kept while the context's set of QPs is unchanged: a
