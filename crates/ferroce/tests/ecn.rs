@@ -163,6 +163,37 @@ fn a_sender_marking_every_packet_gets_cnps_that_cut_its_rate() {
 }
 
 #[test]
+fn a_stream_spaced_out_to_one_datagram_per_read_is_read_with_its_marks() {
+    // One 4-KiB WRITE (one datagram) every 300 µs: every read at the receiver finds one
+    // datagram alone, as behind a slow bottleneck. A single read takes the TOS only once bulk
+    // traffic flows in to a QP that is not in a ping-pong (see the UDP provider's "ECN
+    // marks"): all but the first datagram are read with their marks.
+    let (a, b) = (side(Ecn::MarkCe), side(Ecn::Ect0));
+    let (qa, qb) = (qp(&a), qp(&b));
+    connect(&qa, &a.ctx, &qb, &b.ctx);
+    const LEN: usize = 4096;
+    const N: u64 = 40;
+    let src = a.pd.alloc_mr(LEN, Access::ALL).unwrap();
+    let dst = b.pd.alloc_mr(LEN, Access::ALL).unwrap();
+    for id in 0..N {
+        let wr = SendWr::new(id, SendOp::Write, vec![src.sge(0, LEN).unwrap()])
+            .remote(dst.addr(), dst.rkey());
+        qa.post_send(wr).unwrap();
+        let wc = a.cq.wait(1, T).unwrap();
+        assert_eq!(wc[0].status, WcStatus::Success);
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    let c = qb.counters();
+    assert_eq!(c.rcvd_pkts, N);
+    assert!(
+        c.np_ecn_marked_roce_packets >= N - 2,
+        "{} of {N} read as marked",
+        c.np_ecn_marked_roce_packets
+    );
+    assert!(c.np_cnp_sent > 0 && qa.counters().rp_cnp_handled == c.np_cnp_sent);
+}
+
+#[test]
 fn a_receiver_with_ecn_off_reads_no_marks_and_sends_no_cnp() {
     let o = bulk_transfer(Ecn::MarkCe, Ecn::Off, |_| {});
     let b = &o.b.qps;

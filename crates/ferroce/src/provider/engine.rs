@@ -58,7 +58,7 @@ const APP_POLL_GRACE: Duration = Duration::from_millis(4);
 /// How long a positive ACK may wait for a data packet to leave with.
 pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
 /// ACKs are held only on a QP that sent a request this recently (it is in a ping-pong).
-const PING_PONG_WINDOW: Duration = Duration::from_micros(50);
+pub(crate) const PING_PONG_WINDOW: Duration = Duration::from_micros(50);
 /// The engine thread never sleeps longer than this, whatever it waits for: an application
 /// that drained the socket before the engine woke leaves it nothing to wake on.
 const MAX_SLEEP: Duration = Duration::from_millis(4);

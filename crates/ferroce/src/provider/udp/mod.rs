@@ -19,21 +19,25 @@
 //! Packets leave ECT(0) (see [`socket`]); the context's socket has IP_RECVTOS on, and a packet
 //! whose TOS says Congestion Experienced is handed to its QP as marked, which owes its peer a
 //! CNP ([`ferroce_proto::QueuePair::handle_packet_ecn`]). The TOS comes as a control message,
-//! which the `recvfrom` of a single read does not take, and taking it (`recvmsg`) costs ~70 ns
-//! of every empty look, which a busy-polling 8-byte ping-pong makes all the time. So:
+//! which the `recvfrom` of a single read does not take; taking it (`recvmsg`) costs more on
+//! every look, which a busy-polling application makes all the time (measured: nothing on an
+//! 8-byte ping-pong, which stays on `recvfrom`; 0.3 to 0.6 µs of the one-way latency of a
+//! 4 KiB one, which would pay it on every read). So:
 //! - batch reads (`recvmmsg`, every read after one that brought something) and every read of a
 //!   coalescing socket (`recvmsg`) take it anyway;
-//! - the first datagram of data size (at least [`GSO_MIN_SEGMENT`] bytes: only WRITE, SEND and
-//!   READ-response packets are that large) makes every single read take it from then on, for
-//!   good, as GRO does;
-//! - until then a single read sees no TOS, and its datagram counts as unmarked.
+//! - single reads take it while bulk traffic flows in: from a datagram of data size (at least
+//!   [`GSO_MIN_SEGMENT`] bytes: only WRITE, SEND and READ-response packets are that large)
+//!   for a QP that is not in a ping-pong (it sent no request within the engine's
+//!   `PING_PONG_WINDOW`), until a datagram that is not;
+//! - otherwise a single read sees no TOS, and its datagram counts as unmarked.
 //!
-//! A queue builds only under bulk traffic, which has large packets and arrives in batches, so
-//! every datagram that can carry a meaningful mark is read with its TOS, even one a slow
-//! bottleneck spaces out so that every read finds one datagram alone; a ping-pong of small
-//! messages keeps `recvfrom`. What a single read misses before the switch is at most one
-//! datagram per empty look, and the notification point answers at most one mark per 50 µs
-//! anyway.
+//! A queue builds only under bulk traffic, which has large packets; it arrives in batches, or,
+//! spaced out by a slow bottleneck so that every read finds one datagram alone, as a stream
+//! to a QP that sends no requests of its own: either way every datagram that can carry a
+//! meaningful mark is read with its TOS after the first. A ping-pong keeps `recvfrom`, at any
+//! message size. What goes unread: the first datagram of a stream, and streams in both
+//! directions at once spaced out so that no read finds two datagrams (each side sends
+//! requests); the notification point answers at most one mark per 50 µs anyway.
 //!
 //! # Send offload
 //! A run of [`GSO_MIN_RUN`] or more equal-size packets of at least [`GSO_MIN_SEGMENT`] bytes
@@ -286,10 +290,10 @@ pub(crate) fn receive(
                 for datagram in bytes.chunks(seg.max(1)) {
                     deliver(shared, &mut r.last_qp, now, datagram, from, tos);
                 }
-                if seg >= GSO_MIN_SEGMENT && shared.udp.reads_marks && !r.rx.takes_control() {
-                    // Data-size datagrams: from now on every read takes the TOS (see "ECN
-                    // marks").
-                    r.rx.enable_control();
+                if shared.udp.reads_marks {
+                    // Bulk traffic flows in: single reads take the TOS (see "ECN marks").
+                    let bulk = seg >= GSO_MIN_SEGMENT && !r.last_qp.in_ping_pong(now);
+                    r.rx.set_control(bulk);
                 }
             } else {
                 // A sender address of a family the socket cannot have: nothing to answer.
@@ -457,6 +461,16 @@ struct LastQp {
 }
 
 impl LastQp {
+    /// Whether the QP the last datagram went to is in a ping-pong: it sent a request within
+    /// the engine's `PING_PONG_WINDOW`, so the datagram is likely the answer it waits for.
+    fn in_ping_pong(&self, now: Instant) -> bool {
+        self.qp.as_ref().is_some_and(|q| {
+            now.as_nanos()
+                .saturating_sub(q.last_request_tx.load(Ordering::Relaxed))
+                < super::engine::PING_PONG_WINDOW.as_nanos() as u64
+        })
+    }
+
     fn get(&mut self, shared: &ContextShared, qpn: u32) -> Option<&Arc<QpShared>> {
         let generation = shared.qps_generation.load(Ordering::Acquire);
         let hit = generation == self.generation && self.qp.as_ref().is_some_and(|q| q.qpn == qpn);
