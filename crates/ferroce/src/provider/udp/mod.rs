@@ -16,20 +16,22 @@
 //! before queueing it, so no read ever needs the control message it did not take.
 //!
 //! # ECN marks
-//! Packets leave ECT(0) (see [`socket`]); the context's socket has IP_RECVTOS on, and a packet
-//! whose TOS says Congestion Experienced is handed to its QP as marked, which owes its peer a
-//! CNP ([`ferroce_proto::QueuePair::handle_packet_ecn`]). The TOS comes as a control message,
-//! which the `recvfrom` of a single read does not take; taking it (`recvmsg`) costs more on
-//! every look, which a busy-polling application makes all the time (measured: nothing on an
-//! 8-byte ping-pong, which stays on `recvfrom`; 0.3 to 0.6 µs of the one-way latency of a
-//! 4 KiB one, which would pay it on every read). So:
+//! Packets leave ECT(0) (see [`socket`]); a packet whose TOS says Congestion Experienced is
+//! handed to its QP as marked, which owes its peer a CNP
+//! ([`ferroce_proto::QueuePair::handle_packet_ecn`]). The TOS comes as a control message, once
+//! the socket has IP_RECVTOS on, and only to reads that take control messages. Taking them on
+//! single reads (`recvmsg` for `recvfrom`, on every look of a busy-polling application) cost
+//! 0.3 to 0.6 µs of the one-way latency of a 4 KiB ping-pong (`ferroce perf write_lat
+//! --loopback --provider udp`, medians of interleaved runs). So:
+//! - IP_RECVTOS is turned on with the first bulk datagram (below), and stays on: until then
+//!   the kernel need not put a control message (or its truncation) on every datagram;
 //! - batch reads (`recvmmsg`, every read after one that brought something) and every read of a
-//!   coalescing socket (`recvmsg`) take it anyway;
+//!   coalescing socket (`recvmsg`) take the TOS anyway;
 //! - single reads take it while bulk traffic flows in: from a datagram of data size (at least
 //!   [`GSO_MIN_SEGMENT`] bytes: only WRITE, SEND and READ-response packets are that large)
 //!   for a QP that is not in a ping-pong (it sent no request within the engine's
 //!   `PING_PONG_WINDOW`), until a datagram that is not;
-//! - otherwise a single read sees no TOS, and its datagram counts as unmarked.
+//! - otherwise a read sees no TOS, and its datagram counts as unmarked.
 //!
 //! A queue builds only under bulk traffic, which has large packets; it arrives in batches, or,
 //! spaced out by a slow bottleneck so that every read finds one datagram alone, as a stream
@@ -126,7 +128,7 @@ pub(crate) struct UdpPort {
     /// The TOS byte every packet of the context leaves with (its QPs' sockets are bound
     /// with it; see [`Ecn::tos`]).
     pub tos: u8,
-    /// Whether the ECN marks of arriving packets are read (IP_RECVTOS is on; see "ECN marks").
+    /// Whether the ECN marks of arriving packets are read (see "ECN marks").
     pub reads_marks: bool,
 }
 
@@ -136,8 +138,7 @@ impl UdpPort {
     pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>, ecn: Ecn) -> Result<UdpPort> {
         let socket = socket::bind(addr, 8 << 20, ecn.tos())
             .map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
-        // A kernel that does not hand over the TOS leaves every packet unmarked.
-        let reads_marks = ecn.reads_marks() && socket::receive_tos(&socket);
+        let reads_marks = ecn.reads_marks();
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
@@ -217,6 +218,8 @@ pub(crate) struct UdpReceiver {
     last_qp: LastQp,
     /// Whether UDP GRO was asked for (see "Receive offload").
     gro_asked: bool,
+    /// Whether IP_RECVTOS was asked for (see "ECN marks").
+    tos_asked: bool,
 }
 
 /// Whether a TOS byte's ECN field says Congestion Experienced.
@@ -232,6 +235,7 @@ impl UdpReceiver {
             more: false,
             last_qp: LastQp::default(),
             gro_asked: false,
+            tos_asked: false,
         }
     }
 
@@ -291,8 +295,13 @@ pub(crate) fn receive(
                     deliver(shared, &mut r.last_qp, now, datagram, from, tos);
                 }
                 if shared.udp.reads_marks {
-                    // Bulk traffic flows in: single reads take the TOS (see "ECN marks").
+                    // Bulk traffic flows in: reads take the TOS (see "ECN marks").
                     let bulk = seg >= GSO_MIN_SEGMENT && !r.last_qp.in_ping_pong(now);
+                    if bulk && !r.tos_asked {
+                        r.tos_asked = true;
+                        // A kernel that refuses leaves every packet unmarked.
+                        socket::receive_tos(fd, shared.local.is_ipv6());
+                    }
                     r.rx.set_control(bulk);
                 }
             } else {

@@ -10,7 +10,7 @@
 //! it valid.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -56,13 +56,12 @@ pub(super) fn bind(addr: SocketAddr, rcvbuf: usize, tos: u8) -> std::io::Result<
 }
 
 /// Asks the kernel to hand over the TOS byte (IPv4) or traffic class (IPv6) of every datagram
-/// `s` receives as a control message; returns whether it agreed. An IPv6 socket is asked for
-/// both: it receives IPv4 datagrams from IPv4-mapped sources with the IPv4 option's TOS.
-pub(super) fn receive_tos(s: &UdpSocket) -> bool {
-    let fd = s.as_raw_fd();
+/// the socket `fd` (of family IPv6 if `ipv6`) receives as a control message; returns whether
+/// it agreed. An IPv6 socket is asked for both: it receives IPv4 datagrams from IPv4-mapped
+/// sources with the IPv4 option's TOS.
+pub(super) fn receive_tos(fd: RawFd, ipv6: bool) -> bool {
     let v4 = set_fd_int_opt(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
-    let v6 = s.local_addr().is_ok_and(|a| a.is_ipv6())
-        && set_fd_int_opt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1);
+    let v6 = ipv6 && set_fd_int_opt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1);
     v4 || v6
 }
 
@@ -81,12 +80,7 @@ fn set_int_opt(s: &Socket, level: libc::c_int, name: libc::c_int, v: libc::c_int
 }
 
 /// Sets an integer socket option on a descriptor; returns whether the kernel accepted it.
-fn set_fd_int_opt(
-    fd: std::os::fd::RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> bool {
+fn set_fd_int_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
     // SAFETY: passes a pointer to a live c_int and its size, as integer options expect.
     unsafe {
         libc::setsockopt(

@@ -614,7 +614,11 @@ mod tests {
                 continue; // no IPv6 loopback here
             };
             receiver.set_nonblocking(true).unwrap();
-            assert!(super::super::socket::receive_tos(&receiver), "{local}");
+            let v6 = receiver.local_addr().unwrap().is_ipv6();
+            assert!(
+                super::super::socket::receive_tos(receiver.as_raw_fd(), v6),
+                "{local}"
+            );
             let sender = UdpSocket::bind(local).unwrap();
             let to = receiver.local_addr().unwrap();
             let fd = receiver.as_raw_fd();
