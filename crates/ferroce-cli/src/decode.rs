@@ -123,6 +123,9 @@ fn roce_json(index: usize, s: &RoceSummary) -> Value {
     m.insert("solicited".into(), json!(r.bth.solicited));
     m.insert("pad_count".into(), json!(r.bth.pad_count));
     m.insert("pkey".into(), json!(r.bth.pkey));
+    // Congestion notification: a CNP carries BECN.
+    m.insert("fecn".into(), json!(r.bth.fecn));
+    m.insert("becn".into(), json!(r.bth.becn));
     let e = &r.ext;
     if let Some(h) = e.deth {
         m.insert(

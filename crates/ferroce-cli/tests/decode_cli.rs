@@ -144,6 +144,125 @@ fn text_output_lists_every_roce_packet_and_exits_zero() {
         .starts_with("180 RoCE v2 packets, 29 skipped, 0 malformed, 0 bad ICRC"));
 }
 
+/// A CNP as ferroce's transport makes it (a QP answering a request that arrived marked
+/// Congestion Experienced), framed as the UDP provider sends it (ECT(0), ICRC sealed), beside
+/// the marked request and the ACK: tshark and `ferroce decode` agree on every field, find
+/// nothing malformed, and tshark reads each frame's ECN field.
+#[test]
+fn a_cnp_decodes_in_tshark_and_ferroce() {
+    use ferroce_proto::sim::pair::{connected_qp, default_rtr, default_rts};
+    use ferroce_proto::{Access, Instant, QpCaps, SendOp, SendWr, Sge, VecMemory};
+    use ferroce_wire::icrc;
+    use ferroce_wire::{Psn, RocePacket};
+
+    let mk = |qpn: u32, peer: u32| {
+        let qp = connected_qp(
+            qpn,
+            QpCaps::default(),
+            &default_rtr(peer, Psn::new(0)),
+            &default_rts(),
+        );
+        let mut mem = VecMemory::new();
+        mem.register(1, 0x1000, 4096, Access::ALL.with(Access::LOCAL_WRITE));
+        (qp, mem)
+    };
+    let ((mut a, mut amem), (mut b, mut bmem)) = (mk(0x11, 0x12), mk(0x12, 0x11));
+    let sge = Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: amem.region(0).lkey,
+    };
+    let rkey = bmem.region(0).rkey;
+    a.post_send(SendWr::new(1, SendOp::Write, vec![sge]).remote(0x1000, rkey))
+        .unwrap();
+    let now = Instant::from_nanos(0);
+    let mut buf = vec![0u8; 4096];
+    let n = a.poll_transmit(now, &mut amem, &mut buf).unwrap();
+    let request = buf[..n].to_vec();
+    b.handle_packet_ecn(now, &mut bmem, &request, true).unwrap();
+    let mut answers = Vec::new();
+    while let Some(n) = b.poll_transmit(now, &mut bmem, &mut buf) {
+        answers.push(buf[..n].to_vec());
+    }
+    assert_eq!(answers.len(), 2, "a CNP and an ACK");
+    let (ip_a, ip_b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let mut w = PcapWriter::new(Vec::new()).unwrap();
+    // (from, to, TOS, packet): the request left ECT(0) and a switch marked it CE.
+    let frames = [
+        (ip_a, ip_b, 0x03, request),
+        (ip_b, ip_a, 0x02, answers[0].clone()),
+        (ip_b, ip_a, 0x02, answers[1].clone()),
+    ];
+    for (i, (src, dst, tos, mut pkt)) in frames.into_iter().enumerate() {
+        let mut h = frame::UdpFrameHeaders::roce(src, 49152, dst);
+        h.tos = tos;
+        let hdrs = h.icrc_headers(pkt.len()).unwrap();
+        let n = pkt.len();
+        let crc = icrc::compute(hdrs.ip(), hdrs.udp(), &pkt[..n - 4]).unwrap();
+        RocePacket::new_unchecked(&mut pkt[..]).set_icrc(crc);
+        let mut f = Vec::new();
+        h.write_frame(&pkt, &mut f).unwrap();
+        w.write_record(i as u64 * 1000, &f).unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-decode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cnp.pcap");
+    std::fs::write(&path, w.finish().unwrap()).unwrap();
+
+    let out = ferroce(&["decode", "--json", path.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours = json_lines(&out);
+    assert_eq!(ours.len(), 3);
+    assert!(
+        ours.iter().all(|v| v["icrc_ok"] == Value::Bool(true)),
+        "{ours:?}"
+    );
+    let cnp = &ours[1];
+    assert_eq!(cnp["opcode"], 0x81, "{cnp}");
+    assert_eq!(cnp["opcode_name"], "CNP", "{cnp}");
+    assert_eq!(cnp["dest_qpn"], 0x11, "{cnp}");
+    assert_eq!(cnp["psn"], 0, "{cnp}");
+    assert_eq!(cnp["becn"], true, "{cnp}");
+    assert_eq!(ours[2]["becn"], false);
+    // tshark 4.0 knows no CNP: it decodes the BTH (its byte 4, FECN and BECN, as
+    // `infiniband.reserved`) and shows the reserved block and the ICRC as vendor data.
+    let t = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(&path)
+        .args(["-T", "fields", "-E", "separator=,"])
+        .args(["-e", "ip.dsfield.ecn", "-e", "infiniband.bth.opcode"])
+        .args(["-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn"])
+        .args([
+            "-e",
+            "infiniband.reserved",
+            "-e",
+            "infiniband.invariant.crc",
+        ])
+        .args(["-e", "infiniband.vendor", "-e", "_ws.malformed"])
+        .output()
+        .expect("tshark must be installed (scripts/test.sh installs it)");
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let text = String::from_utf8_lossy(&t.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let icrc = |v: &Value| format!("0x{:08x}", v["icrc"].as_u64().unwrap());
+    let cnp_icrc = format!("{:08x}", ours[1]["icrc"].as_u64().unwrap());
+    assert_eq!(
+        lines,
+        [
+            format!("3,10,0x000012,0,00,{},,", icrc(&ours[0])),
+            // The vendor data twice: its first word as the item's own value, then all of it.
+            format!("2,129,0x000011,0,40,,00000000,00000000000000000000000000000000{cnp_icrc},"),
+            format!("2,17,0x000011,0,00,{},,", icrc(&ours[2])),
+        ],
+        "ECN, opcode, dest QP, PSN, FECN/BECN byte, ICRC, vendor data, malformed"
+    );
+}
+
 /// Writes a copy of a capture with `mutate` applied to the UDP payload of RoCE frame `nth`.
 fn mutated_copy(name: &str, nth: usize, mutate: impl Fn(&mut Vec<u8>, usize, usize)) -> PathBuf {
     let data = std::fs::read(captures_dir().join(name)).unwrap();

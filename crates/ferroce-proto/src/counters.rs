@@ -106,6 +106,17 @@ counters! {
         rdma_sends,
         /// Receive work requests completed successfully (`rdma_recvs`).
         rdma_recvs,
+        /// Packets that arrived marked Congestion Experienced in the IP header's ECN field
+        /// (`np_ecn_marked_roce_packets`, mlx5's name): a queue on the path was long.
+        np_ecn_marked_roce_packets,
+        /// CNPs sent to the peer in answer to marked packets, at most one per
+        /// [`crate::dcqcn::MIN_TIME_BETWEEN_CNPS`] (`np_cnp_sent`, mlx5's name).
+        np_cnp_sent,
+        /// CNPs received that cut the QP's sending rate (`rp_cnp_handled`, mlx5's name).
+        rp_cnp_handled,
+        /// CNPs received while the QP was not sending (not in RTS or SQD), and so ignored
+        /// (`rp_cnp_ignored`, mlx5's name).
+        rp_cnp_ignored,
     }
 }
 
@@ -148,6 +159,10 @@ mod tests {
             acks_sent: 29,
             rdma_sends: 30,
             rdma_recvs: 31,
+            np_ecn_marked_roce_packets: 32,
+            np_cnp_sent: 33,
+            rp_cnp_handled: 34,
+            rp_cnp_ignored: 35,
         }
     }
 

@@ -68,3 +68,26 @@ pub(crate) fn headers(
     buf[total - 4..total].fill(0);
     Some((start, total))
 }
+
+/// Writes a RoCE v2 CNP to the peer into `buf` (IBTA Annex A17.9.2: opcode 0x81, the peer's
+/// QPN, PSN 0, BECN set, 16 reserved bytes, the ICRC left zero for the caller) and returns its
+/// length, or `None` if `buf` is too small.
+pub(crate) fn cnp(buf: &mut [u8], p: &Params) -> Option<usize> {
+    let bth = BthRepr {
+        opcode: Opcode::CNP,
+        solicited: false,
+        migreq: false,
+        pad_count: 0,
+        pkey: p.pkey,
+        fecn: false,
+        becn: true,
+        dest_qpn: p.dest_qpn,
+        ack_req: false,
+        psn: Psn::new(0),
+    };
+    let total = PacketRepr::new(bth, ExtHeaders::default(), 0)
+        .emit(buf)
+        .ok()?;
+    buf[total - 4..total].fill(0);
+    Some(total)
+}

@@ -12,6 +12,7 @@ pub mod attr;
 pub mod cc;
 pub mod completion;
 pub mod counters;
+pub mod dcqcn;
 mod emit;
 pub mod memory;
 pub mod pacer;

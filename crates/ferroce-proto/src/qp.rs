@@ -4,8 +4,10 @@
 //! The QP is a value that is driven, like quinn-proto's `Connection`. In a loop:
 //! 1. application commands: [`QueuePair::post_send`], [`QueuePair::post_recv`], the `modify_*`
 //!    transitions;
-//! 2. inputs: [`QueuePair::handle_packet`] for every packet addressed to the QP, and
-//!    [`QueuePair::handle_timeout`] once [`QueuePair::next_timeout`] has passed;
+//! 2. inputs: [`QueuePair::handle_packet`] (or [`QueuePair::handle_packet_ecn`], which also
+//!    says whether the IP header arrived marked Congestion Experienced) for every packet
+//!    addressed to the QP, and [`QueuePair::handle_timeout`] once [`QueuePair::next_timeout`]
+//!    has passed;
 //! 3. outputs: [`QueuePair::poll_transmit`] until it returns `None`, then
 //!    [`QueuePair::poll_completion`] until it returns `None`.
 //!
@@ -15,6 +17,10 @@
 //! # Parts
 //! The send side is the [`crate::requester`] (segmentation, PSNs, retransmission) and its
 //! completer (ACK/NAK and response handling); the receive side is the [`crate::responder`].
+//! Congestion notification is DCQCN's ([`crate::dcqcn`]): the QP is the notification point for
+//! what it receives (a CE-marked packet owes the peer a CNP, which [`QueuePair::poll_transmit`]
+//! sends before anything else) and the reaction point for what it sends (a CNP from the peer
+//! cuts the rate [`QueuePair::congestion_rate`] reports).
 
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
@@ -28,6 +34,7 @@ use crate::attr::{
 use crate::cc::CcConfig;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::counters::Counters;
+use crate::dcqcn::{Dcqcn, NotificationPoint, MIN_TIME_BETWEEN_CNPS};
 use crate::memory::{Access, Memory};
 use crate::reorder::ReorderBuffer;
 use crate::requester::Requester;
@@ -126,6 +133,10 @@ pub struct QueuePair {
     reorder: ReorderBuffer,
     completions: CompletionQueue,
     counters: Counters,
+    /// DCQCN's notification point: whether a CNP is owed to the peer.
+    np: NotificationPoint,
+    /// DCQCN's reaction point: the rate CNPs from the peer allow.
+    rp: Dcqcn,
 }
 
 impl QueuePair {
@@ -157,6 +168,8 @@ impl QueuePair {
             reorder: ReorderBuffer::default(),
             completions: VecDeque::new(),
             counters: Counters::default(),
+            np: NotificationPoint::default(),
+            rp: Dcqcn::default(),
         }
     }
 
@@ -311,6 +324,8 @@ impl QueuePair {
         self.resp = Responder::default();
         self.reorder.clear();
         self.completions.clear();
+        self.np = NotificationPoint::default();
+        self.rp = Dcqcn::new(*self.rp.config());
     }
 
     /// Tells the requester whether the peer's responder acknowledges requests that do not ask
@@ -480,15 +495,36 @@ impl QueuePair {
     // ---- inputs -----------------------------------------------------------------------
 
     /// Handles a transport packet (BTH to ICRC) addressed to this QP. The ICRC must already
-    /// have been checked by the caller, which knows the IP and UDP headers.
+    /// have been checked by the caller, which knows the IP and UDP headers. The same as
+    /// [`Self::handle_packet_ecn`] for a packet not marked Congestion Experienced.
+    #[inline]
     pub fn handle_packet(
         &mut self,
         now: Instant,
         mem: &mut dyn Memory,
         bytes: &[u8],
     ) -> Result<(), WireError> {
+        self.handle_packet_ecn(now, mem, bytes, false)
+    }
+
+    /// Handles a transport packet (BTH to ICRC) addressed to this QP, as
+    /// [`Self::handle_packet`], with `ce` saying whether its IP header arrived with the ECN
+    /// field set to Congestion Experienced (the caller read it from the socket).
+    ///
+    /// A marked packet is counted (`np_ecn_marked_roce_packets`) and, for an RC packet while
+    /// the QP serves its peer (RTR, RTS, SQD, SQE), owes the peer a CNP, at most one per
+    /// [`MIN_TIME_BETWEEN_CNPS`]; [`Self::poll_transmit`] sends it first. A CNP from the peer
+    /// cuts this QP's sending rate while it sends (RTS, SQD: `rp_cnp_handled`) and is ignored
+    /// otherwise (`rp_cnp_ignored`); it is never handed to the requester or responder.
+    pub fn handle_packet_ecn(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        bytes: &[u8],
+        ce: bool,
+    ) -> Result<(), WireError> {
         let expected = self.resp.expected_psn();
-        let at_expected = self.handle_one(now, mem, bytes)?;
+        let at_expected = self.handle_one(now, mem, bytes, ce)?;
         if !self.params.selective_repeat || self.reorder.is_empty() {
             return Ok(());
         }
@@ -503,7 +539,7 @@ impl QueuePair {
             let Some(kept) = self.reorder.take(next) else {
                 break;
             };
-            let r = self.handle_one(now, mem, &kept);
+            let r = self.handle_one(now, mem, &kept, false);
             self.reorder.recycle(kept);
             if r.is_err() || self.resp.expected_psn() == next {
                 self.reorder.clear();
@@ -519,16 +555,34 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Handles one packet; returns whether it was a request at the expected PSN.
+    /// Handles one packet (marked CE if `ce`); returns whether it was a request at the expected
+    /// PSN.
     fn handle_one(
         &mut self,
         now: Instant,
         mem: &mut dyn Memory,
         bytes: &[u8],
+        ce: bool,
     ) -> Result<bool, WireError> {
         let pkt = RocePacket::new_checked(bytes)?;
         let repr = PacketRepr::parse(&pkt)?;
         let info = repr.info()?;
+        if info.transport == ferroce_wire::opcode::Transport::Cnp {
+            // A CNP answers this QP's own packets, whatever marks it carries itself.
+            if matches!(self.state, QpState::Rts | QpState::Sqd) {
+                self.counters.rp_cnp_handled += 1;
+                self.rp.on_cnp(now);
+            } else {
+                self.counters.rp_cnp_ignored += 1;
+            }
+            return Ok(false);
+        }
+        if ce {
+            self.counters.np_ecn_marked_roce_packets += 1;
+            if info.transport == ferroce_wire::opcode::Transport::Rc && self.serves_requests() {
+                self.np.on_marked(now, MIN_TIME_BETWEEN_CNPS);
+            }
+        }
         let is_response = matches!(
             info.operation,
             Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse
@@ -622,6 +676,20 @@ impl QueuePair {
         mem: &mut dyn Memory,
         buf: &mut [u8],
     ) -> Option<usize> {
+        if self.np.is_due() {
+            // A CNP before anything else: the longer the peer's sender goes uncut, the longer
+            // the queue on the path grows. Owed only while the QP serves its peer (it knows the
+            // peer's QPN); one that can no longer leave is forgotten.
+            self.np.sent();
+            if self.serves_requests() {
+                if let Some(n) = crate::emit::cnp(buf, &self.params) {
+                    self.counters.np_cnp_sent += 1;
+                    self.counters.sent_pkts += 1;
+                    self.rp.on_sent(n, now);
+                    return Some(n);
+                }
+            }
+        }
         let mut ctx = Ctx {
             p: &self.params,
             state: self.state,
@@ -631,6 +699,8 @@ impl QueuePair {
         };
         // Responses first: they free the peer's resources and carry its completions.
         let mut out = self.resp.poll_transmit(&mut ctx, buf);
+        // DCQCN's rate caps the requester's pacer (the window's own rate may be lower).
+        self.req.set_rate_cap(self.rp.rate_bytes_per_sec(now));
         if out.is_none() && matches!(self.state, QpState::Rts | QpState::Sqd) {
             out = self
                 .req
@@ -638,6 +708,7 @@ impl QueuePair {
         }
         let fatal = ctx.fatal;
         if let Some(n) = out {
+            self.rp.on_sent(n, now);
             self.counters.sent_pkts += 1;
             // Made just now by this QP, so well formed: no second validation, only the
             // header length its opcode implies.
@@ -659,6 +730,22 @@ impl QueuePair {
     /// The local ACK timeout in force.
     pub fn ack_timeout(&self) -> Option<core::time::Duration> {
         ack_timeout(self.params.timeout)
+    }
+
+    /// The rate DCQCN allows this QP to send at, at `now`, in bytes per second: `None` for no
+    /// limit (no CNP has come from the peer yet, or the rate has recovered to the line rate).
+    pub fn congestion_rate(&self, now: Instant) -> Option<u64> {
+        self.rp.rate_bytes_per_sec(now)
+    }
+
+    /// The DCQCN reaction point, to read its state (α, target rate) or parameters.
+    pub fn dcqcn(&self) -> &Dcqcn {
+        &self.rp
+    }
+
+    /// Sets the DCQCN reaction point's parameters; the controller starts over, unlimited.
+    pub fn set_dcqcn_config(&mut self, config: crate::dcqcn::DcqcnConfig) {
+        self.rp = Dcqcn::new(config);
     }
 }
 

@@ -1178,17 +1178,16 @@ impl Requester {
 
     /// Whether a data packet of `len` bytes may leave now (see [`crate::pacer`]); if not, when.
     fn pace(&mut self, p: &Params, now: Instant, len: u64) -> Result<(), Instant> {
-        let Some(cc) = self.cc.as_ref().filter(|c| c.enabled()) else {
-            return Ok(());
-        };
-        let Some(srtt) = self.rtt.srtt() else {
-            return Ok(());
-        };
         let packet = u64::from(p.mtu) + WIRE_OVERHEAD;
-        let mut rate = window_rate(cc.cwnd(), packet, srtt);
-        if let Some(cap) = self.rate_cap {
-            rate = rate.min(cap);
-        }
+        let window = self
+            .cc
+            .as_ref()
+            .filter(|c| c.enabled())
+            .zip(self.rtt.srtt())
+            .map(|(cc, srtt)| window_rate(cc.cwnd(), packet, srtt));
+        let Some(rate) = window.into_iter().chain(self.rate_cap).min() else {
+            return Ok(());
+        };
         self.pacer.take(now, rate, packet, len + WIRE_OVERHEAD)
     }
 

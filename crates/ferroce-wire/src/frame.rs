@@ -364,6 +364,34 @@ mod tests {
     }
 
     #[test]
+    fn ecn_marks_leave_the_icrc_unchanged() {
+        // Senders mark ECT(0), switches rewrite it to CE: the ICRC masks the whole TOS byte
+        // (IPv4) and traffic class (IPv6), so a mark made on the path never fails the check.
+        let covered = [0x0au8; 40];
+        for (src, dst) in [("10.0.0.1", "10.0.0.2"), ("fd00::1", "fd00::2")] {
+            let mut h = UdpFrameHeaders::roce(src.parse().unwrap(), 49152, dst.parse().unwrap());
+            let icrc_with = |h: &UdpFrameHeaders| {
+                let hdrs = h.icrc_headers(covered.len() + 4).unwrap();
+                crate::icrc::compute(hdrs.ip(), hdrs.udp(), &covered).unwrap()
+            };
+            let plain = icrc_with(&h);
+            for tos in [0x02, 0x01, 0x03, 0xb8, 0xbb] {
+                h.tos = tos;
+                let mut f = Vec::new();
+                h.write_frame(&[0; 44], &mut f).unwrap();
+                let u = parse_ethernet(&f).unwrap();
+                let on_wire = if h.src.is_ipv4() {
+                    u.ip_header[1]
+                } else {
+                    (u.ip_header[0] << 4) | (u.ip_header[1] >> 4)
+                };
+                assert_eq!(on_wire, tos, "{src}: the frame carries the TOS");
+                assert_eq!(icrc_with(&h), plain, "{src} TOS {tos:#04x}");
+            }
+        }
+    }
+
+    #[test]
     fn non_udp_is_not_an_error_of_the_frame() {
         let mut arp = [0u8; 42];
         arp[12] = 0x08;

@@ -543,6 +543,42 @@ mod tests {
     }
 
     #[test]
+    fn cnp_round_trips_with_becn_and_its_reserved_block() {
+        // IBTA Annex A17.9.2: BTH (opcode 0x81, BECN set, PSN 0), 16 reserved bytes, ICRC.
+        let mut b = bth(Opcode::CNP);
+        b.becn = true;
+        b.ack_req = false;
+        b.psn = Psn::new(0);
+        let repr = PacketRepr::new(b, ExtHeaders::default(), 0);
+        assert_eq!(repr.buffer_len().unwrap(), 32);
+        let mut buf = [0xaau8; 32];
+        assert_eq!(repr.emit(&mut buf).unwrap(), 32);
+        let expected_bth = [
+            0x81, 0x00, 0xff, 0xff, 0x40, 0x00, 0x00, 0x12, 0x00, 0, 0, 0,
+        ];
+        assert_eq!(&buf[..12], &expected_bth);
+        assert_eq!(&buf[12..28], &[0u8; 16], "reserved block zeroed");
+        assert_eq!(&buf[28..], &[0xaa; 4], "the ICRC is the caller's");
+        let p = RocePacket::new_checked(&buf[..]).unwrap();
+        assert_eq!(p.opcode(), Opcode::CNP);
+        assert_eq!(PacketRepr::parse(&p).unwrap(), repr);
+        assert_eq!(cnp_reserved(&p), Some((0, 0)));
+        // A receiver ignores what a sender put in the reserved block.
+        buf[12..28].fill(0x5a);
+        let p = RocePacket::new_checked(&buf[..]).unwrap();
+        assert_eq!(PacketRepr::parse(&p).unwrap(), repr);
+        assert!(cnp_reserved(&p).is_some_and(|(a, b)| a != 0 && b != 0));
+        // A CNP carries nothing else.
+        let mut longer = buf.to_vec();
+        longer.extend_from_slice(&[0; 4]);
+        assert!(matches!(
+            RocePacket::new_checked(&longer[..]),
+            Err(WireError::UnexpectedPayload { .. })
+        ));
+        assert!(RocePacket::new_checked(&buf[..28]).is_err());
+    }
+
+    #[test]
     fn header_mismatch_and_bad_pad_are_errors() {
         let repr = PacketRepr::new(bth(Opcode::RC_RDMA_WRITE_ONLY), ExtHeaders::default(), 0);
         assert_eq!(

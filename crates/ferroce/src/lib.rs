@@ -67,7 +67,7 @@ mod verbs;
 
 pub use error::{Error, Result};
 pub use provider::udp::SENT_IDENTIFICATION_LIMIT;
-pub use provider::Provider;
+pub use provider::{Ecn, Provider};
 pub use verbs::context::{host_slot, Context, ContextOptions};
 pub use verbs::counters::ContextCounters;
 pub use verbs::cq::{empty_wc, CompletionChannel, CompletionQueue};

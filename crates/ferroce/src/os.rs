@@ -1,6 +1,6 @@
 //! Operating-system pieces every layer uses and std does not offer: an eventfd (the doorbell
-//! of an engine, the wake-up of a completion channel) and `poll(2)` on a few descriptors. Each
-//! `unsafe` block says why it is sound.
+//! of an engine, the wake-up of a completion channel), `ppoll(2)` on a few descriptors, and a
+//! thread's timer slack. Each `unsafe` block says why it is sound.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -70,6 +70,11 @@ impl EventFd {
 
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: forever). Returns whether
 /// any became readable.
+///
+/// `ppoll(2)`, not `poll(2)`: its timeout is a `timespec` in nanoseconds, where poll's is in
+/// milliseconds (rounded up, so that a 300 µs retransmission timeout or a 20 µs pacing gap
+/// would sleep a whole millisecond). The wake-up still comes up to the thread's timer slack
+/// late (50 µs by default; see [`set_timer_slack`]).
 pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
@@ -79,15 +84,24 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Res
             revents: 0,
         })
         .collect();
-    let ms: libc::c_int = match timeout {
-        None => -1,
-        Some(d) => {
-            d.as_millis().clamp(0, i32::MAX as u128) as libc::c_int
-                + i32::from(d.subsec_nanos() % 1_000_000 != 0)
-        }
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as _,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: the pollfd array is live and its length is passed; the timespec (or null, for
+    // no timeout) is live for the call and only read; a null signal mask leaves the thread's
+    // mask as it is.
+    let n = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            ts_ptr,
+            std::ptr::null(),
+        )
     };
-    // SAFETY: the pollfd array is live and its length is passed.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
@@ -96,4 +110,47 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Res
         return Err(e);
     }
     Ok(n > 0)
+}
+
+/// Sets the calling thread's timer slack: how late the kernel may end its timed sleeps, to
+/// batch wake-ups (`prctl(PR_SET_TIMERSLACK)`; 50 µs by default). Returns whether it agreed.
+pub(crate) fn set_timer_slack(slack: Duration) -> bool {
+    let ns = slack.as_nanos().clamp(1, libc::c_ulong::MAX as u128) as libc::c_ulong;
+    // SAFETY: PR_SET_TIMERSLACK takes the slack in ns as its only argument, passes no
+    // pointers, and changes only the calling thread.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_TIMERSLACK,
+            ns,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        ) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_millisecond_timeout_is_not_rounded_up_to_a_millisecond() {
+        assert!(set_timer_slack(Duration::from_micros(1)));
+        let e = EventFd::new().unwrap();
+        let mut best = Duration::MAX;
+        // The best of a few: a busy machine may deschedule the thread after any one of them.
+        for _ in 0..20 {
+            let t0 = std::time::Instant::now();
+            assert!(!wait_readable(&[e.fd()], Some(Duration::from_micros(200))).unwrap());
+            best = best.min(t0.elapsed());
+        }
+        assert!(best >= Duration::from_micros(200), "{best:?}");
+        assert!(
+            best < Duration::from_micros(900),
+            "{best:?}: rounded up to a millisecond?"
+        );
+        e.notify();
+        assert!(wait_readable(&[e.fd()], None).unwrap());
+        assert!(wait_readable(&[e.fd()], Some(Duration::ZERO)).unwrap());
+    }
 }

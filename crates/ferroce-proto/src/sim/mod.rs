@@ -319,8 +319,8 @@ impl Sim {
     }
 
     /// Whether QP `qpn` on `node` sends ECT datagrams.
-    // ECN (#29): becomes `qp.ecn_capable()` once the QP knows; the Sim-level setting stays
-    // for tests that force it.
+    // Whether a QP's datagrams leave ECN-capable is its provider's choice (the UDP provider's
+    // `ContextOptions::ecn`), not the transport's: here a per-node or per-QP setting.
     fn ect(&self, node: usize, qpn: u32) -> bool {
         self.ect_nodes.contains(&node) || self.ect_qps.contains(&(node, qpn))
     }
@@ -590,11 +590,9 @@ impl Sim {
             Some(qp) => {
                 self.stats.delivered += 1;
                 self.stats.ce_delivered += u64::from(d.ce);
-                // ECN (#29): the one place a packet reaches a QP. Once the QP takes the mark,
-                // this becomes `qp.handle_packet_ecn(self.now, &mut node.mem, &d.bytes, d.ce)`;
-                // until then the mark is carried this far, counted, and not passed on.
+                // The one place a packet reaches a QP, with the mark a link may have set.
                 // A packet that passed its ICRC but does not parse is counted by the QP's drop.
-                let _ = qp.handle_packet(self.now, &mut node.mem, &d.bytes);
+                let _ = qp.handle_packet_ecn(self.now, &mut node.mem, &d.bytes, d.ce);
             }
             None => self.stats.unknown_qp += 1,
         }

@@ -103,6 +103,52 @@ impl Provider {
     }
 }
 
+/// How the UDP provider uses the ECN field of the IP header (RFC 3168), as RoCE v2 NICs do for
+/// DCQCN (see `ferroce_proto::dcqcn`): a switch with a long queue marks an ECN-capable packet
+/// Congestion Experienced instead of dropping it, the receiving QP answers its peer with a CNP
+/// (at most one per 50 µs), and the CNP cuts the peer's sending rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ecn {
+    /// Packets leave Not-ECT, and marks on arriving packets are not read (no CNPs are sent).
+    /// CNPs from a peer are still obeyed.
+    Off,
+    /// Packets leave ECT(0) (TOS 0x02), and a packet that arrives marked Congestion
+    /// Experienced makes its QP send a CNP.
+    #[default]
+    Ect0,
+    /// Every packet leaves already marked Congestion Experienced (TOS 0x03), as if every
+    /// switch on the path were congested, and arriving marks are read as with `Ect0`: a peer
+    /// that reads marks answers with CNPs. For testing and experimenting with congestion
+    /// control on a path with no congested switch; never for real traffic.
+    MarkCe,
+}
+
+impl Ecn {
+    /// What the `FERROCE_ECN` environment variable asks for: `0` or `off` for [`Ecn::Off`],
+    /// `ce` for [`Ecn::MarkCe`], anything else (or nothing) for the default [`Ecn::Ect0`].
+    pub fn from_env() -> Ecn {
+        match std::env::var("FERROCE_ECN").as_deref() {
+            Ok("0" | "off") => Ecn::Off,
+            Ok("ce") => Ecn::MarkCe,
+            _ => Ecn::Ect0,
+        }
+    }
+
+    /// The TOS byte (IPv6: traffic class) packets leave with: DSCP 0 and this ECN field.
+    pub fn tos(self) -> u8 {
+        match self {
+            Ecn::Off => 0,
+            Ecn::Ect0 => 0b10,
+            Ecn::MarkCe => 0b11,
+        }
+    }
+
+    /// Whether marks on arriving packets are read (and answered with CNPs).
+    pub fn reads_marks(self) -> bool {
+        self != Ecn::Off
+    }
+}
+
 impl FromStr for Provider {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Provider, String> {

@@ -18,7 +18,7 @@ use super::qp_core::QpShared;
 use super::ud::UdShared;
 use crate::error::{Error, Result};
 use crate::os::EventFd;
-use crate::provider::{engine, flush_held_ack, EngineState, Provider, ShmHost, UdpPort};
+use crate::provider::{engine, flush_held_ack, Ecn, EngineState, Provider, ShmHost, UdpPort};
 
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +105,11 @@ pub struct ContextOptions {
     /// peer). Default: on, unless `FERROCE_SR=0`. It costs memory only on loss: a QP's
     /// reorder buffer holds up to 512 packets once a gap appears.
     pub selective_repeat: bool,
+    /// How packets over UDP use the IP header's ECN field (default: the `FERROCE_ECN`
+    /// environment variable, see [`Ecn::from_env`], else [`Ecn::Ect0`]): ECN-capable packets
+    /// that a congested switch marks make the receiving QP send a CNP, which cuts the sender's
+    /// rate (DCQCN, as RoCE NICs do). [`Ecn::Off`] sends Not-ECT and ignores marks.
+    pub ecn: Ecn,
 }
 
 /// The congestion control the environment asks for (`FERROCE_CC`, `FERROCE_CC_TARGET_US`);
@@ -180,6 +185,7 @@ impl Default for ContextOptions {
             icrc_strict: icrc_strict_from_env(),
             congestion: congestion_from_env(),
             selective_repeat: selective_repeat_from_env(),
+            ecn: Ecn::from_env(),
         }
     }
 }
@@ -352,10 +358,11 @@ impl ContextShared {
 fn open_in_slot(
     ip: std::net::IpAddr,
     capture: Option<&std::path::Path>,
+    ecn: Ecn,
 ) -> Result<(UdpPort, Option<u32>)> {
     for slot in 0..host_slot::SLOTS {
         let addr = SocketAddr::new(ip, host_slot::port_of_slot(slot));
-        match UdpPort::open(addr, capture) {
+        match UdpPort::open(addr, capture, ecn) {
             Ok(udp) => return Ok((udp, Some(slot))),
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {}
             Err(e) => return Err(e),
@@ -404,10 +411,13 @@ impl Context {
             ))
         })?;
         let (udp, slot) = if options.host_slot {
-            open_in_slot(gid.ip, options.capture.as_deref())?
+            open_in_slot(gid.ip, options.capture.as_deref(), options.ecn)?
         } else {
             let addr = SocketAddr::new(gid.ip, options.port);
-            (UdpPort::open(addr, options.capture.as_deref())?, None)
+            (
+                UdpPort::open(addr, options.capture.as_deref(), options.ecn)?,
+                None,
+            )
         };
         let local = udp.local_addr()?;
         if options.icrc_strict {

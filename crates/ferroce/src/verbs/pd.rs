@@ -65,7 +65,7 @@ impl ProtectionDomain {
             return Err(Error::Mismatch("a completion queue"));
         }
         let qpn = shared.allocate_qpn()?;
-        let socket = QpSocket::open(shared.local.ip())?;
+        let socket = QpSocket::open(shared.local.ip(), shared.udp.tos)?;
         let ud = Arc::new(UdShared::new(
             qpn,
             self.id,
@@ -106,7 +106,7 @@ impl ProtectionDomain {
         }
         let caps: QpCaps = attr.caps;
         let qpn = shared.allocate_qpn()?;
-        let udp = QpSocket::open(shared.local.ip())?;
+        let udp = QpSocket::open(shared.local.ip(), shared.udp.tos)?;
         let mut proto = ferroce_proto::QueuePair::new(qpn, self.id, caps);
         proto.set_congestion_control(shared.congestion);
         let qp = Arc::new(QpShared {

@@ -94,6 +94,14 @@ impl QueuePair {
         self.with(|q| *q.counters())
     }
 
+    /// The rate DCQCN allows this QP to send at now, in bytes per second: `None` for no limit
+    /// (no CNP has come from the peer yet, or the rate has recovered to the line rate). See
+    /// [`crate::Ecn`] and `ferroce_proto::dcqcn`.
+    pub fn congestion_rate(&self) -> Option<u64> {
+        let now = self.ctx.shared.now();
+        self.with(|q| q.congestion_rate(now))
+    }
+
     /// The next PSN this QP will use (to tell the peer, before RTS it is the initial PSN).
     pub fn next_send_psn(&self) -> ferroce_wire::Psn {
         self.with(|q| q.next_send_psn())

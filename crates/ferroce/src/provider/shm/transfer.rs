@@ -131,7 +131,8 @@ pub(crate) fn drain_ring(
                 c.rx_packets.fetch_add(1, Ordering::Relaxed);
                 c.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
                 match RocePacket::new_checked(&buf[..n]) {
-                    Ok(pkt) => hand_over(shared, now, qp, &pkt, &buf[..n], None),
+                    // A ring has no switch queue to mark anything.
+                    Ok(pkt) => hand_over(shared, now, qp, &pkt, &buf[..n], None, false),
                     Err(_) => {
                         c.malformed.fetch_add(1, Ordering::Relaxed);
                     }

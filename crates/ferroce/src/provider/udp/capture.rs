@@ -2,8 +2,11 @@
 //! frame to a pcap file that Wireshark and `ferroce decode` read.
 //!
 //! The frames carry the real addresses and ports; the IPv4 header is the one Linux puts on a
-//! datagram from an unconnected socket with DF set (Identification 0), which is also what the
-//! ICRC was computed over, so every ICRC in the file verifies.
+//! datagram from an unconnected socket with DF set (Identification 0, or its place in a GSO
+//! send), which is also what the ICRC was computed over, so every ICRC in the file verifies.
+//! The TOS byte is the one packets leave with (ECT(0) unless `ContextOptions::ecn` says
+//! otherwise) and, for a received packet, the one it arrived with where the read took it (see
+//! the provider's "ECN marks"; 0 where it did not).
 
 use std::fs::File;
 use std::io::BufWriter;

@@ -15,6 +15,32 @@
 //! on every read is a `recvmsg`. Without GRO the kernel cuts a coalesced arrival into datagrams
 //! before queueing it, so no read ever needs the control message it did not take.
 //!
+//! # ECN marks
+//! Packets leave ECT(0) (see [`socket`]); a packet whose TOS says Congestion Experienced is
+//! handed to its QP as marked, which owes its peer a CNP
+//! ([`ferroce_proto::QueuePair::handle_packet_ecn`]). The TOS comes as a control message, once
+//! the socket has IP_RECVTOS on, and only to reads that take control messages. Taking them on
+//! single reads (`recvmsg` for `recvfrom`, on every look of a busy-polling application) cost
+//! 0.3 to 0.6 µs of the one-way latency of a 4 KiB ping-pong (`ferroce perf write_lat
+//! --loopback --provider udp`, medians of interleaved runs). So:
+//! - IP_RECVTOS is turned on with the first bulk datagram (below), and stays on: until then
+//!   the kernel need not put a control message (or its truncation) on every datagram;
+//! - batch reads (`recvmmsg`, every read after one that brought something) and every read of a
+//!   coalescing socket (`recvmsg`) take the TOS anyway;
+//! - single reads take it while bulk traffic flows in: from a datagram of data size (at least
+//!   [`GSO_MIN_SEGMENT`] bytes: only WRITE, SEND and READ-response packets are that large)
+//!   for a QP that is not in a ping-pong (it sent no request within the engine's
+//!   `PING_PONG_WINDOW`), until a datagram that is not;
+//! - otherwise a read sees no TOS, and its datagram counts as unmarked.
+//!
+//! A queue builds only under bulk traffic, which has large packets; it arrives in batches, or,
+//! spaced out by a slow bottleneck so that every read finds one datagram alone, as a stream
+//! to a QP that sends no requests of its own: either way every datagram that can carry a
+//! meaningful mark is read with its TOS after the first. A ping-pong keeps `recvfrom`, at any
+//! message size. What goes unread: the first datagram of a stream, and streams in both
+//! directions at once spaced out so that no read finds two datagrams (each side sends
+//! requests); the notification point answers at most one mark per 50 µs anyway.
+//!
 //! # Send offload
 //! A run of [`GSO_MIN_RUN`] or more equal-size packets of at least [`GSO_MIN_SEGMENT`] bytes
 //! (a WRITE or READ stream) leaves with one UDP GSO send; the rest with `sendmmsg`.
@@ -76,6 +102,7 @@ use self::capture::Capture;
 use self::sys::RecvBatch;
 pub(crate) use self::sys::{BATCH, MAX_DATAGRAM};
 use super::engine::hand_over;
+use super::Ecn;
 use crate::error::{Error, Result};
 use crate::provider::{ContextShared, QpShared};
 
@@ -98,14 +125,20 @@ pub(crate) struct UdpPort {
     /// Whether the receiver may ask for UDP GRO once bulk traffic arrives (see "Receive
     /// offload"); `FERROCE_NO_GRO` says no.
     pub gro_allowed: bool,
+    /// The TOS byte every packet of the context leaves with (its QPs' sockets are bound
+    /// with it; see [`Ecn::tos`]).
+    pub tos: u8,
+    /// Whether the ECN marks of arriving packets are read (see "ECN marks").
+    pub reads_marks: bool,
 }
 
 impl UdpPort {
-    /// Binds the context's RoCE socket to `addr` (port 0: any free one), non-blocking, and opens
-    /// the capture file if one is asked for.
-    pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>) -> Result<UdpPort> {
-        let socket = socket::bind(addr, 8 << 20)
+    /// Binds the context's RoCE socket to `addr` (port 0: any free one), non-blocking, with
+    /// ECN as `ecn` says, and opens the capture file if one is asked for.
+    pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>, ecn: Ecn) -> Result<UdpPort> {
+        let socket = socket::bind(addr, 8 << 20, ecn.tos())
             .map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
+        let reads_marks = ecn.reads_marks();
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
@@ -114,6 +147,8 @@ impl UdpPort {
             capture: capture.map(Capture::create).transpose()?,
             gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
             gro_allowed: std::env::var_os("FERROCE_NO_GRO").is_none(),
+            tos: ecn.tos(),
+            reads_marks,
         })
     }
 
@@ -147,11 +182,12 @@ pub(crate) struct QpSocket {
 }
 
 impl QpSocket {
-    /// Binds a sending socket on `ip`, any free port. It stays unconnected, though it sends
-    /// only to the QP's peer: Linux gives datagrams with DF set from a connected socket an
-    /// incrementing IPv4 Identification, and the ICRC covers that field.
-    pub(crate) fn open(ip: IpAddr) -> Result<QpSocket> {
-        let socket = socket::bind(SocketAddr::new(ip, 0), 4 << 20)
+    /// Binds a sending socket on `ip`, any free port, whose datagrams leave with the TOS byte
+    /// `tos` (the context's, [`UdpPort::tos`]). It stays unconnected, though it sends only to
+    /// the QP's peer: Linux gives datagrams with DF set from a connected socket an incrementing
+    /// IPv4 Identification, and the ICRC covers that field.
+    pub(crate) fn open(ip: IpAddr, tos: u8) -> Result<QpSocket> {
+        let socket = socket::bind(SocketAddr::new(ip, 0), 4 << 20, tos)
             .map_err(|e| Error::io("binding the QP's sending socket", e))?;
         let port = socket
             .local_addr()
@@ -182,6 +218,13 @@ pub(crate) struct UdpReceiver {
     last_qp: LastQp,
     /// Whether UDP GRO was asked for (see "Receive offload").
     gro_asked: bool,
+    /// Whether IP_RECVTOS was asked for (see "ECN marks").
+    tos_asked: bool,
+}
+
+/// Whether a TOS byte's ECN field says Congestion Experienced.
+fn congestion_experienced(tos: Option<u8>) -> bool {
+    tos.is_some_and(|t| t & 0b11 == 0b11)
 }
 
 impl UdpReceiver {
@@ -192,6 +235,7 @@ impl UdpReceiver {
             more: false,
             last_qp: LastQp::default(),
             gro_asked: false,
+            tos_asked: false,
         }
     }
 
@@ -239,13 +283,26 @@ pub(crate) fn receive(
         did = true;
         for i in 0..n {
             if let Some((bytes, from, seg)) = r.rx.get(i) {
+                // One TOS for every datagram of a coalesced message: GRO merges only datagrams
+                // whose TOS agree.
+                let tos = r.rx.tos(i);
                 if bytes.is_empty() {
                     // An empty datagram: `chunks` would yield nothing, leaving it uncounted.
-                    deliver(shared, &mut r.last_qp, now, bytes, from);
+                    deliver(shared, &mut r.last_qp, now, bytes, from, tos);
                 }
                 // GRO hands several same-size datagrams over as one message.
                 for datagram in bytes.chunks(seg.max(1)) {
-                    deliver(shared, &mut r.last_qp, now, datagram, from);
+                    deliver(shared, &mut r.last_qp, now, datagram, from, tos);
+                }
+                if shared.udp.reads_marks {
+                    // Bulk traffic flows in: reads take the TOS (see "ECN marks").
+                    let bulk = seg >= GSO_MIN_SEGMENT && !r.last_qp.in_ping_pong(now);
+                    if bulk && !r.tos_asked {
+                        r.tos_asked = true;
+                        // A kernel that refuses leaves every packet unmarked.
+                        socket::receive_tos(fd, shared.local.is_ipv6());
+                    }
+                    r.rx.set_control(bulk);
                 }
             } else {
                 // A sender address of a family the socket cannot have: nothing to answer.
@@ -281,6 +338,7 @@ pub(crate) fn transmit(
     let src = SocketAddr::new(shared.local.ip(), qp.udp.port);
     let mut h = UdpFrameHeaders::roce(src.ip(), src.port(), peer.ip());
     h.dst_port = peer.port();
+    h.tos = shared.udp.tos;
     let k = lens.len();
     let bytes: usize = lens.iter().sum();
     let c = &shared.counters;
@@ -310,6 +368,7 @@ pub(crate) fn send_datagram(
 ) {
     let mut h = UdpFrameHeaders::roce(shared.local.ip(), from.port, peer.ip());
     h.dst_port = peer.port();
+    h.tos = shared.udp.tos;
     let lens = [buf.len()];
     let bufs = std::slice::from_mut(buf);
     seal(&mut h, bufs, &lens, false);
@@ -326,13 +385,15 @@ pub(crate) fn send_datagram(
     }
 }
 
-/// Checks one datagram and hands it to its QP.
+/// Checks one datagram and hands it to its QP; `tos` is the TOS byte it arrived with, if the
+/// read took it.
 fn deliver(
     shared: &ContextShared,
     last_qp: &mut LastQp,
     now: Instant,
     bytes: &[u8],
     from: SocketAddr,
+    tos: Option<u8>,
 ) {
     let c = &shared.counters;
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
@@ -343,6 +404,9 @@ fn deliver(
     };
     let mut h = UdpFrameHeaders::roce(from.ip(), from.port(), shared.local.ip());
     h.dst_port = shared.local.port();
+    // The capture shows the TOS it arrived with where the read took it (else 0); the ICRC
+    // masks it either way.
+    h.tos = tos.unwrap_or(0);
     let check = h
         .icrc_headers(bytes.len())
         .ok()
@@ -392,7 +456,8 @@ fn deliver(
         c.unknown_qpn.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    hand_over(shared, now, qp, &pkt, bytes, Some(from.ip()));
+    let ce = shared.udp.reads_marks && congestion_experienced(tos);
+    hand_over(shared, now, qp, &pkt, bytes, Some(from.ip()), ce);
 }
 
 /// The QP the last datagram went to, kept while the context's set of QPs is unchanged: a
@@ -405,6 +470,16 @@ struct LastQp {
 }
 
 impl LastQp {
+    /// Whether the QP the last datagram went to is in a ping-pong: it sent a request within
+    /// the engine's `PING_PONG_WINDOW`, so the datagram is likely the answer it waits for.
+    fn in_ping_pong(&self, now: Instant) -> bool {
+        self.qp.as_ref().is_some_and(|q| {
+            now.as_nanos()
+                .saturating_sub(q.last_request_tx.load(Ordering::Relaxed))
+                < super::engine::PING_PONG_WINDOW.as_nanos() as u64
+        })
+    }
+
     fn get(&mut self, shared: &ContextShared, qpn: u32) -> Option<&Arc<QpShared>> {
         let generation = shared.qps_generation.load(Ordering::Acquire);
         let hit = generation == self.generation && self.qp.as_ref().is_some_and(|q| q.qpn == qpn);

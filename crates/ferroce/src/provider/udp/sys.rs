@@ -1,6 +1,7 @@
 //! The few system calls the UDP provider needs that std does not offer: batched datagram I/O
-//! (`recvfrom`/`recvmsg`/`sendmmsg`), segmentation and receive offload (UDP GSO/GRO). Each
-//! `unsafe` block says why it is sound; nothing here keeps raw pointers beyond one call.
+//! (`recvfrom`/`recvmsg`/`sendmmsg`), segmentation and receive offload (UDP GSO/GRO), and the
+//! IP header's TOS byte of what arrives (for its ECN field). Each `unsafe` block says why it is
+//! sound; nothing here keeps raw pointers beyond one call.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -21,7 +22,12 @@ pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
 const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
+/// Room for the one control message a GSO send carries (a cmsghdr and its u16, aligned).
 const CMSG_SPACE_INT: usize = 32;
+/// Room for the control messages one received message may carry: UDP_GRO's segment size (an
+/// int) and the TOS byte (IP_TOS, one byte) or traffic class (IPV6_TCLASS, an int), each a
+/// cmsghdr and its payload aligned; 24 bytes each on 64-bit Linux, with room to spare.
+const RECV_CONTROL_LEN: usize = 64;
 /// Datagrams read or written per system call.
 pub(crate) const BATCH: usize = 32;
 
@@ -92,11 +98,14 @@ pub(crate) struct RecvBatch {
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    cmsgs: Vec<[u8; CMSG_SPACE_INT]>,
+    cmsgs: Vec<[u8; RECV_CONTROL_LEN]>,
     count: usize,
     /// Whether the socket has UDP GRO on, so that one message may hold several datagrams and
     /// only a control message says how to cut it.
     coalescing: bool,
+    /// Whether a single read takes the control messages too (`recvmsg`, not `recvfrom`): for
+    /// the TOS byte of every datagram while bulk traffic flows (see [`Self::set_control`]).
+    control: bool,
 }
 
 // SAFETY: the raw pointers inside `iovs` and `hdrs` point only into this value's own heap
@@ -107,7 +116,7 @@ unsafe impl Send for RecvBatch {}
 impl RecvBatch {
     pub fn new() -> RecvBatch {
         let mut bufs = vec![vec![0u8; RECV_BUF]; BATCH];
-        let mut cmsgs = vec![[0u8; CMSG_SPACE_INT]; BATCH];
+        let mut cmsgs = vec![[0u8; RECV_CONTROL_LEN]; BATCH];
         // SAFETY: plain old data; zero is a valid value.
         let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; BATCH];
         let mut iovs: Vec<libc::iovec> = bufs
@@ -139,24 +148,31 @@ impl RecvBatch {
             cmsgs,
             count: 0,
             coalescing: false,
+            control: false,
         }
+    }
+
+    /// Whether single reads take the control messages too (`recvmsg` rather than
+    /// `recvfrom`): on while bulk traffic flows, whose datagrams' TOS bytes (their ECN marks)
+    /// matter. `recvmsg` costs more than `recvfrom` on every look (0.3 to 0.6 µs of the
+    /// one-way latency of a 4 KiB ping-pong here), so it is kept off while nothing needs it.
+    /// Reads of a coalescing socket take them regardless.
+    pub fn set_control(&mut self, on: bool) {
+        self.control = on;
+    }
+
+    /// Whether single reads take the control messages (coalescing on, or
+    /// [`Self::set_control`]).
+    #[cfg(test)]
+    pub fn takes_control(&self) -> bool {
+        self.control || self.coalescing
     }
 
     /// Asks the kernel to coalesce same-size datagrams on `fd` from now on (UDP GRO); returns
     /// whether it agreed. From then on every read takes the control message that says where
     /// to cut: a datagram coalesced after this call must never be read without it.
     pub fn enable_coalescing(&mut self, fd: RawFd) -> bool {
-        let one: libc::c_int = 1;
-        // SAFETY: passes a pointer to a live c_int and its size, as UDP_GRO expects.
-        let ok = unsafe {
-            libc::setsockopt(
-                fd,
-                SOL_UDP,
-                UDP_GRO,
-                (&one as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            ) == 0
-        };
+        let ok = set_int(fd, SOL_UDP, UDP_GRO, 1);
         self.coalescing |= ok;
         ok
     }
@@ -167,16 +183,17 @@ impl RecvBatch {
         for h in &mut self.hdrs[..max] {
             // The kernel shrinks these to what it wrote; give the full room back each call.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = CMSG_SPACE_INT as _;
+            h.msg_hdr.msg_controllen = RECV_CONTROL_LEN as _;
             h.msg_len = 0;
         }
         debug_assert_eq!(self.iovs.len(), BATCH);
         // Every header points at a live iovec, buffer, address and control slot owned by `self`
         // (see the type's doc), and the kernel writes at most the lengths given.
-        let n = if max == 1 && !self.coalescing {
+        let n = if max == 1 && !self.coalescing && !self.control {
             // One datagram and no control message to read (the usual look of a busy poll):
             // recvfrom skips recvmsg's message header and iovec, ~70 ns of every look
-            // (270 against 200 ns for an empty one here).
+            // (270 against 200 ns for an empty one here). The datagram's TOS byte is not
+            // seen (see `enable_control`).
             let mut name_len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             // Straight to the kernel, as below.
             // SAFETY: recvfrom(2) takes (fd, buf, len, flags, addr *, addrlen *): the first
@@ -202,7 +219,7 @@ impl RecvBatch {
                 -1
             }
         } else if max == 1 {
-            // One message from a coalescing socket: recvmsg skips recvmmsg's batch
+            // One message with its control messages: recvmsg skips recvmmsg's batch
             // bookkeeping, a measurable part of an empty poll.
             // Straight to the kernel: glibc's recvmsg is a thread-cancellation point and
             // brackets the call with two cancellation-state updates, ~15 ns of an empty poll
@@ -264,25 +281,87 @@ impl RecvBatch {
         Some((&self.bufs[i][..len], from, seg))
     }
 
+    /// The TOS byte (IPv4) or traffic class (IPv6) message `i` of the last call arrived with,
+    /// if the read took it: the socket must have IP_RECVTOS (IPV6_RECVTCLASS) on, and only
+    /// reads that take control messages see it — every read but a single one without
+    /// [`Self::set_control`] or coalescing. Its low two bits are the ECN field. GRO
+    /// coalesces only datagrams whose IP headers agree but for length and checksum (Linux's
+    /// `inet_gro_receive` flushes on a TOS difference), so one value holds for every datagram
+    /// of a coalesced message.
+    pub fn tos(&self, i: usize) -> Option<u8> {
+        if i >= self.count {
+            return None;
+        }
+        self.control_messages(i).tos
+    }
+
     /// The UDP_GRO segment size the kernel reported for message `i`, if any.
     fn gro_segment(&self, i: usize) -> Option<usize> {
+        self.control_messages(i).gro_segment
+    }
+
+    /// What the control messages of message `i` say. The kernel writes a sequence of cmsghdrs
+    /// (`len: size_t, level: int, type: int`, then the payload), each aligned to a `size_t`;
+    /// which come and in what order depends on the options on, so every one is looked at.
+    fn control_messages(&self, i: usize) -> Control {
+        let mut out = Control::default();
         let h = &self.hdrs[i].msg_hdr;
         // msg_controllen is a usize on glibc and a u32 elsewhere.
         #[allow(clippy::unnecessary_cast)]
         let ctl_len = h.msg_controllen as usize;
-        let ctl = &self.cmsgs[i][..ctl_len.min(CMSG_SPACE_INT)];
-        // A cmsghdr (len: usize, level: c_int, type: c_int) followed by the int payload.
+        let ctl = &self.cmsgs[i][..ctl_len.min(RECV_CONTROL_LEN)];
         let hdr = size_of::<libc::cmsghdr>();
         let w = size_of::<usize>();
-        if ctl.len() < hdr + 4 {
-            return None;
+        let int = |b: &[u8]| b.get(..4)?.try_into().ok().map(i32::from_ne_bytes);
+        let mut at = 0;
+        while at + hdr <= ctl.len() {
+            let Some(len) = ctl[at..at + w].try_into().ok().map(usize::from_ne_bytes) else {
+                break;
+            };
+            if len < hdr || at + len > ctl.len() {
+                break;
+            }
+            let level = int(&ctl[at + w..]).unwrap_or(-1);
+            let kind = int(&ctl[at + w + 4..]).unwrap_or(-1);
+            let data = &ctl[at + hdr..at + len];
+            match (level, kind) {
+                (SOL_UDP, UDP_GRO) => {
+                    out.gro_segment = int(data).and_then(|v| usize::try_from(v).ok());
+                }
+                // IPv4: one byte, the TOS.
+                (libc::IPPROTO_IP, libc::IP_TOS) => out.tos = data.first().copied(),
+                // IPv6: an int, the traffic class.
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    out.tos = int(data).map(|v| v as u8);
+                }
+                _ => {}
+            }
+            at += (len + w - 1) & !(w - 1);
         }
-        let level = i32::from_ne_bytes(ctl[w..w + 4].try_into().ok()?);
-        let kind = i32::from_ne_bytes(ctl[w + 4..w + 8].try_into().ok()?);
-        if level != SOL_UDP || kind != UDP_GRO {
-            return None;
-        }
-        usize::try_from(i32::from_ne_bytes(ctl[hdr..hdr + 4].try_into().ok()?)).ok()
+        out
+    }
+}
+
+/// What a received message's control messages said.
+#[derive(Debug, Default, Clone, Copy)]
+struct Control {
+    /// UDP_GRO: the size of the datagrams coalesced into the message.
+    gro_segment: Option<usize>,
+    /// IP_TOS or IPV6_TCLASS: the TOS byte or traffic class.
+    tos: Option<u8>,
+}
+
+/// Sets an integer socket option on `fd`; returns whether the kernel accepted it.
+fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
+    // SAFETY: passes a pointer to a live c_int and its size, as integer options expect.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
     }
 }
 
@@ -503,6 +582,96 @@ mod tests {
         assert_eq!(seg, 1000);
         let expected: Vec<u8> = (10..13u8).flat_map(|b| vec![b; 1000]).collect();
         assert_eq!(bytes, expected);
+    }
+
+    /// Sets the TOS byte (IPv6: traffic class) `sock` sends with.
+    fn send_with_tos(sock: &UdpSocket, tos: u8) {
+        let v6 = sock.local_addr().unwrap().is_ipv6();
+        let (level, name) = if v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TOS)
+        };
+        assert!(set_int(sock.as_raw_fd(), level, name, tos.into()));
+    }
+
+    /// Reads up to `max` messages, waiting up to a second for the first.
+    fn read_some(rx: &mut RecvBatch, fd: RawFd, max: usize) -> usize {
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            let n = rx.recv(fd, max).unwrap();
+            if n > 0 {
+                return n;
+            }
+            assert!(std::time::Instant::now() < deadline, "nothing arrived");
+        }
+    }
+
+    #[test]
+    fn congestion_experienced_is_read_from_the_tos_of_each_datagram() {
+        for local in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(receiver) = UdpSocket::bind(local) else {
+                continue; // no IPv6 loopback here
+            };
+            receiver.set_nonblocking(true).unwrap();
+            let v6 = receiver.local_addr().unwrap().is_ipv6();
+            assert!(
+                super::super::socket::receive_tos(receiver.as_raw_fd(), v6),
+                "{local}"
+            );
+            let sender = UdpSocket::bind(local).unwrap();
+            let to = receiver.local_addr().unwrap();
+            let fd = receiver.as_raw_fd();
+            let mut rx = RecvBatch::new();
+            // CE (0x03), as a congested switch leaves it.
+            send_with_tos(&sender, 0x03);
+            // A single read while no bulk traffic flows: recvfrom, which takes no control
+            // message.
+            sender.send_to(&[1; 8], to).unwrap();
+            assert_eq!(read_some(&mut rx, fd, 1), 1);
+            assert_eq!(rx.tos(0), None, "{local}: recvfrom sees no TOS");
+            // With `set_control`, a single read is a recvmsg and sees it.
+            rx.set_control(true);
+            assert!(rx.takes_control());
+            sender.send_to(&[2; 8], to).unwrap();
+            assert_eq!(read_some(&mut rx, fd, 1), 1);
+            assert_eq!(rx.tos(0), Some(0x03), "{local}: single read");
+            assert_eq!(rx.get(0).unwrap().0, &[2; 8]);
+            // A batch read (recvmmsg) sees each datagram's own.
+            for (k, tos) in [0x02u8, 0x03, 0x00, 0xb9].into_iter().enumerate() {
+                send_with_tos(&sender, tos);
+                sender.send_to(&[k as u8; 16], to).unwrap();
+            }
+            let mut got = Vec::new();
+            while got.len() < 4 {
+                let n = read_some(&mut rx, fd, BATCH);
+                got.extend((0..n).map(|i| rx.tos(i)));
+            }
+            assert_eq!(
+                got,
+                [Some(0x02), Some(0x03), Some(0x00), Some(0xb9)],
+                "{local}: batch read"
+            );
+            assert_eq!(rx.tos(4), None, "past the last message");
+            // With GRO on, a coalesced message carries the segment size and the TOS: both
+            // control messages are found.
+            if !rx.enable_coalescing(fd) {
+                continue;
+            }
+            send_with_tos(&sender, 0x03);
+            if !send_three(&sender, to, 20) {
+                continue;
+            }
+            let mut datagrams = 0;
+            while datagrams < 3 {
+                let n = read_some(&mut rx, fd, 1);
+                assert_eq!(n, 1);
+                let (bytes, _, seg) = rx.get(0).unwrap();
+                assert_eq!(seg, 1000);
+                datagrams += bytes.len() / seg;
+                assert_eq!(rx.tos(0), Some(0x03), "{local}: coalesced");
+            }
+        }
     }
 
     #[test]
