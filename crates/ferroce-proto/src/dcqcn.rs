@@ -39,24 +39,26 @@
 //! line rate when the QP sent nothing recently.
 //!
 //! # Defaults
-//! The parameter names are those of mlx5's `rpg_*`/`np_*`/`dce_tcp_*` knobs. Where the value
-//! is NVIDIA's firmware default it says so; the others are scaled for links of 1 to
-//! 10 Gbit/s, ferroce's software links (loopback moves 1 to 1.5 GB/s on two cores):
+//! The parameter names are those of mlx5's `rpg_*`/`np_*`/`dce_tcp_*` knobs; the NIC column
+//! gives NVIDIA's documented firmware default (ConnectX-4 and later) where one was found, and
+//! marks with † the values recalled from mlx5's sysfs but not confirmed against a document.
+//! Ferroce's values are the paper's or scaled for links of 1 to 10 Gbit/s, its software links
+//! (loopback moves 1 to 1.5 GB/s on two cores):
 //!
 //! | parameter | default | NIC default | why |
 //! |---|---|---|---|
 //! | line rate (`rpg_max_rate`) | 10 Gbit/s | port speed | the fastest a software path goes |
 //! | `rpg_min_rate` | 10 Mbit/s | 1 Mbit/s | under the fair share of 64 flows on 1 Gbit/s, while a 4 KiB packet still leaves every 3.3 ms |
-//! | `rpg_ai_rate` (R_AI) | 5 Mbit/s | 5 Mbit/s | |
-//! | `rpg_hai_rate` (R_HAI) | 50 Mbit/s | 50 Mbit/s | |
-//! | `rpg_time_reset` (T) | 300 µs | 300 µs | several of a loopback round trip with engine wake-ups |
-//! | `rpg_byte_reset` (B) | 64 KiB | 32 KiB | 52 µs at 10 Gbit/s, 520 µs at 1 Gbit/s: bytes drive recovery at high rates, the timer at low ones |
-//! | `rpg_threshold` (F) | 5 | 1 | the paper's F: five fast-recovery steps |
+//! | `rpg_ai_rate` (R_AI) | 5 Mbit/s | 5 Mbit/s † | |
+//! | `rpg_hai_rate` (R_HAI) | 50 Mbit/s | 50 Mbit/s † | |
+//! | `rpg_time_reset` (T) | 300 µs | 300 µs † | several of a loopback round trip with engine wake-ups |
+//! | `rpg_byte_reset` (B) | 64 KiB | 32 KiB † | 52 µs at 10 Gbit/s, 520 µs at 1 Gbit/s: bytes drive recovery at high rates, the timer at low ones |
+//! | `rpg_threshold` (F) | 5 | 1 † | the paper's F: five fast-recovery steps |
 //! | g | 1/256 | 5/1024 (`dce_tcp_g` 1019) | the paper's |
 //! | K (`dce_tcp_rtt`) | 55 µs | 1 µs | the paper's: just over the NP's CNP interval, so a steadily congested path keeps α up |
 //! | initial α (`initial_alpha_value`) | 1 | 1023/1024 | the first cut halves the rate |
 //! | `rate_reduce_monitor_period` | 4 µs | 4 µs | |
-//! | `np_min_time_between_cnps` (N) | 50 µs | 4 µs (0 on older firmware) | the paper's |
+//! | `np_min_time_between_cnps` (N) | 50 µs | 0 (mlx5's debugfs knob) | the paper's; a CNP per marked packet would double a congested path's packet count |
 
 use core::time::Duration;
 

@@ -11,11 +11,12 @@
 //! The engine thread spins while traffic flows and for [`SPIN`] after, then sleeps in `ppoll(2)`
 //! on the socket, the shared-memory listener and the doorbell eventfd, until the earliest
 //! transport timer and at most [`MAX_SLEEP`]: an idle context wakes 250 times a second and
-//! otherwise burns no CPU. A timer due within [`SPIN`] (a short retransmission timeout, a
-//! pacing gap) is waited for spinning: a sleep and wake-up costs tens of µs on a busy machine,
-//! and the sleep itself ends up to the timer slack late, which the thread sets to
-//! [`TIMER_SLACK`] for the timers it does sleep for. While an application thread is driving progress itself, the engine
-//! thread stays out of its way and only checks in every few milliseconds.
+//! otherwise burns no CPU. A transport timer due within [`SPIN`] (a short retransmission
+//! timeout, a pacing gap) is waited for spinning: a sleep and wake-up costs tens of µs on a
+//! busy machine, and the sleep itself ends up to the timer slack late, which the thread sets
+//! to [`TIMER_SLACK`] for the timers it does sleep for. While an application thread is driving
+//! progress itself, the engine thread stays out of its way and only checks in every few
+//! milliseconds.
 //!
 //! # Deferred ACKs
 //! On a NIC an ACK costs nothing; here every datagram costs a trip through the kernel. In a
@@ -106,8 +107,13 @@ pub(crate) struct EngineState {
     qps: Vec<Arc<QpShared>>,
     qps_generation: u64,
     wcs: Vec<WorkCompletion>,
-    /// The earliest transport timer seen in the last pass.
+    /// The earliest deadline seen in the last pass: a transport timer, a held ACK, a retry
+    /// of a full ring.
     next_deadline: Option<Instant>,
+    /// The earliest transport timer seen in the last pass (retransmission, pacing, unasked
+    /// ACK): the engine thread spins for one due within [`SPIN`]. Not a full ring's retry,
+    /// which waits for another process: spinning for it would take the CPU from that process.
+    next_timer: Option<Instant>,
     /// The UDP provider's receive side.
     udp: udp::UdpReceiver,
     /// Where a packet from a shared-memory ring is copied to be handled.
@@ -131,6 +137,7 @@ impl EngineState {
             qps_generation: u64::MAX,
             wcs: Vec::new(),
             next_deadline: None,
+            next_timer: None,
             udp: udp::UdpReceiver::new(),
             shm_rx: vec![0u8; MAX_DATAGRAM],
         }
@@ -243,6 +250,7 @@ fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bo
         return false;
     }
     st.next_deadline = None;
+    st.next_timer = None;
     let qps = std::mem::take(&mut st.qps);
     for qp in &qps {
         did |= transmit_qp(shared, st, qp, now);
@@ -352,9 +360,11 @@ fn transmit_qp(
             // not say when: look again soon (a READ response or a SEND longer than the ring
             // would otherwise wait for the next unrelated event, or a retransmission timer).
             let ring_full = shm.is_some() && take == 0;
+            let timer = q.next_timeout();
+            st.next_timer = st.next_timer.into_iter().chain(timer).min();
             st.next_deadline = [
                 st.next_deadline,
-                q.next_timeout(),
+                timer,
                 held_ack.map(|h| h.deadline),
                 ring_full.then(|| now + RING_FULL_RETRY),
             ]
@@ -498,16 +508,19 @@ pub(crate) fn hand_over(
 
 /// One pass if the engine is free and no application thread is driving progress (its own
 /// passes run the timers and release held ACKs; the engine steps in [`APP_POLL_GRACE`] after it
-/// stops); `(did anything, next deadline)`. A busy engine lock means someone else is making
-/// progress: look again shortly.
-fn engine_pass(shared: &ContextShared, app_driving: bool) -> (bool, Option<Instant>) {
+/// stops); `(did anything, next deadline, next transport timer)`. A busy engine lock means
+/// someone else is making progress: look again shortly.
+fn engine_pass(
+    shared: &ContextShared,
+    app_driving: bool,
+) -> (bool, Option<Instant>, Option<Instant>) {
     let now = shared.now();
     match shared.engine.try_lock() {
         Ok(mut st) => {
             let did = !app_driving && progress(shared, &mut st);
-            (did, st.next_deadline)
+            (did, st.next_deadline, st.next_timer)
         }
-        Err(_) => (false, Some(now + BUSY_RECHECK)),
+        Err(_) => (false, Some(now + BUSY_RECHECK), None),
     }
 }
 
@@ -528,14 +541,14 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
     while !shared.shutdown.load(Ordering::Acquire) {
         let now = shared.now();
         let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
-        let (did, deadline) = engine_pass(&shared, app_driving);
+        let (did, _, timer) = engine_pass(&shared, app_driving);
         if did {
             last_work = std::time::Instant::now();
             continue;
         }
-        // While an application drives progress its passes run the timers; otherwise a timer
-        // due within SPIN is waited for here.
-        let timer_near = deadline.is_some_and(|d| d.saturating_since(now) < SPIN);
+        // While an application drives progress its passes run the timers; otherwise a
+        // transport timer due within SPIN is waited for here.
+        let timer_near = timer.is_some_and(|d| d.saturating_since(now) < SPIN);
         if !app_driving && (last_work.elapsed() < SPIN || timer_near) {
             std::hint::spin_loop();
             continue;
@@ -543,7 +556,7 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
         // About to sleep: announce it, then look once more so that a post racing with the
         // announcement is either seen here or rings the doorbell.
         shared.set_sleeping(true);
-        let (did, deadline) = engine_pass(&shared, app_driving);
+        let (did, deadline, _) = engine_pass(&shared, app_driving);
         if did {
             shared.set_sleeping(false);
             last_work = std::time::Instant::now();

@@ -138,7 +138,6 @@ impl UdpPort {
     pub(crate) fn open(addr: SocketAddr, capture: Option<&Path>, ecn: Ecn) -> Result<UdpPort> {
         let socket = socket::bind(addr, 8 << 20, ecn.tos())
             .map_err(|e| Error::io(format!("binding the RoCE socket to {addr}"), e))?;
-        let reads_marks = ecn.reads_marks();
         socket
             .set_nonblocking(true)
             .map_err(|e| Error::io("making the RoCE socket non-blocking", e))?;
@@ -148,7 +147,7 @@ impl UdpPort {
             gso: AtomicBool::new(std::env::var_os("FERROCE_NO_GSO").is_none()),
             gro_allowed: std::env::var_os("FERROCE_NO_GRO").is_none(),
             tos: ecn.tos(),
-            reads_marks,
+            reads_marks: ecn.reads_marks(),
         })
     }
 

@@ -675,6 +675,29 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_bound_with_a_tos_sends_with_it_on_either_family() {
+        // What every ferroce socket is bound with: ECT(0), Not-ECT with ECN off, CE to mark.
+        for local in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(receiver) = UdpSocket::bind(local) else {
+                continue; // no IPv6 loopback here
+            };
+            receiver.set_nonblocking(true).unwrap();
+            let v6 = receiver.local_addr().unwrap().is_ipv6();
+            assert!(super::super::socket::receive_tos(receiver.as_raw_fd(), v6));
+            let to = receiver.local_addr().unwrap();
+            let mut rx = RecvBatch::new();
+            rx.set_control(true);
+            for tos in [0x02, 0x00, 0x03] {
+                let any = SocketAddr::new(to.ip(), 0);
+                let sender = super::super::socket::bind(any, 1 << 16, tos).unwrap();
+                sender.send_to(&[tos; 8], to).unwrap();
+                assert_eq!(read_some(&mut rx, receiver.as_raw_fd(), 1), 1);
+                assert_eq!(rx.tos(0), Some(tos), "{local}");
+            }
+        }
+    }
+
+    #[test]
     fn gso_runs() {
         assert_eq!(gso_run(&[]), 0);
         assert_eq!(gso_run(&[100]), 1);
