@@ -93,7 +93,7 @@ pub struct ContextOptions {
     /// Congestion control of this context's QPs over UDP (see `ferroce_proto::cc`). Default:
     /// the delay-based window with pacing, or what the environment says: `FERROCE_CC=off`
     /// (or `delay`), `FERROCE_CC_TARGET_US=N` (the target queueing delay in microseconds,
-    /// default 100). Off, a QP sends its whole window at line rate: the fastest into an idle
+    /// default 300). Off, a QP sends its whole window at line rate: the fastest into an idle
     /// lossless path, congestion collapse behind any bottleneck. A lower target keeps queues
     /// (and everyone's latency through them) shorter, but below the host's scheduling noise
     /// the window shrinks for delay no queue caused. QPs linked over shared memory run none
