@@ -270,6 +270,11 @@ fn perf_loopback_chaos_shows_what_loss_does() {
             "--json",
             "--qp-timeout",
             "10",
+            // Congestion control through the relay's loss, reordering and delay keeps the
+            // window at a few packets, and most losses then wait for a timeout: the 200
+            // messages take about 30 s, not 2.
+            "--timeout",
+            "90",
             "--chaos",
             "loss=0.05,reorder=0.05,duplicate=0.02,corrupt=0.01,delay_ms=0.2,seed=7",
         ])

@@ -692,10 +692,15 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
         done.status,
         String::from_utf8_lossy(&done.stderr)
     );
-    let (_, roce, good) = decode_icrcs(&file, &[&server_roce, &client_roce]);
+    let (out, roce, good) = decode_icrcs(&file, &[&server_roce, &client_roce]);
     assert!(
         roce >= 100 && good == roce,
-        "{good} of {roce} packets on the wire carry a correct ICRC"
+        "{good} of {roce} packets on the wire carry a correct ICRC:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("\"icrc_ok\":false"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

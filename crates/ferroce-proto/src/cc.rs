@@ -91,8 +91,10 @@ impl Default for CcConfig {
 
 /// The window a QP starts with, in packets.
 pub const INITIAL_WINDOW: f64 = 16.0;
-/// The smallest window: one packet per 100 round trips.
-pub const MIN_WINDOW: f64 = 0.01;
+/// The smallest window: one packet per two round trips. (Swift goes down to 0.01 for incasts
+/// of thousands of flows; here that floor made a QP through 5 % loss, whose timeouts drove
+/// it there, crawl at one packet per hundred round trips.)
+pub const MIN_WINDOW: f64 = 0.5;
 /// Largest fraction one decrease takes off the window.
 pub const MAX_DECREASE: f64 = 0.5;
 /// How strongly the window answers delay above target (Swift's β).
@@ -102,7 +104,7 @@ const ADDITIVE_INCREASE: f64 = 1.0;
 /// Consecutive retransmission timeouts after which the window drops to the minimum.
 const TIMEOUTS_TO_MINIMUM: u32 = 5;
 /// Flow scaling: windows at or below this many packets get the whole extra target...
-const FS_MIN_WINDOW: f64 = 0.1;
+const FS_MIN_WINDOW: f64 = MIN_WINDOW;
 /// ...and windows at or above this many get none.
 const FS_MAX_WINDOW: f64 = 64.0;
 /// The extra target at the smallest windows, as a multiple of the target delay.
@@ -122,7 +124,22 @@ pub struct Controller {
     timeouts: u32,
     /// Most packets the window may reach.
     max: f64,
+    /// The current observation period of the smallest queueing delay (see `competing`).
+    period_start: Option<Instant>,
+    /// The smallest queueing delay measured in the period.
+    period_min_delay: Option<Duration>,
+    /// A queue this flow does not control: the delay never came down to the target in a whole
+    /// [`COMPETE_PERIOD`], which a delay-based flow alone or among its kind does (it backs off
+    /// until it does) and a loss-based competitor (TCP CUBIC, filling the queue to its limit)
+    /// prevents. While so, delay is ignored and only losses shrink the window, as TCP's do;
+    /// a period whose smallest delay is back under the target ends it. Without this, a flow
+    /// beside TCP backs off towards nothing (Copa and Nimbus switch modes the same way).
+    competing: bool,
 }
+
+/// How long the queueing delay must stay above target, without a dip, before the controller
+/// takes the queue for someone else's (see `Controller::competing`).
+pub const COMPETE_PERIOD: Duration = Duration::from_millis(50);
 
 impl Controller {
     /// A controller with `config`, whose window never exceeds `max` packets.
@@ -134,6 +151,25 @@ impl Controller {
             last_decrease: None,
             timeouts: 0,
             max: f64::from(max),
+            period_start: None,
+            period_min_delay: None,
+            competing: false,
+        }
+    }
+
+    /// Whether the controller takes the queue for a loss-based competitor's (see the field).
+    pub fn competing(&self) -> bool {
+        self.competing
+    }
+
+    /// Tracks the smallest delay per [`COMPETE_PERIOD`] and decides `competing` at each end.
+    fn observe(&mut self, now: Instant, delay: Duration) {
+        self.period_min_delay = Some(self.period_min_delay.map_or(delay, |m| m.min(delay)));
+        let start = *self.period_start.get_or_insert(now);
+        if now.saturating_since(start) >= COMPETE_PERIOD {
+            self.competing = self.period_min_delay.is_some_and(|m| m > self.target());
+            self.period_start = Some(now);
+            self.period_min_delay = None;
         }
     }
 
@@ -185,8 +221,11 @@ impl Controller {
         }
         self.timeouts = 0;
         let target = self.target();
+        if let Some(d) = delay {
+            self.observe(now, d);
+        }
         match delay {
-            Some(d) if d > target => {
+            Some(d) if d > target && !self.competing => {
                 if self.may_decrease(now, srtt) {
                     let over = (d - target).as_secs_f64() / d.as_secs_f64();
                     self.decrease(now, (1.0 - BETA * over).max(1.0 - MAX_DECREASE));
@@ -298,6 +337,36 @@ mod tests {
         small.cwnd = MIN_WINDOW;
         let top = DEFAULT_TARGET_DELAY.as_secs_f64() * (1.0 + FS_RANGE);
         assert!((small.target().as_secs_f64() - top).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_queue_that_never_drains_is_a_competitor_s_and_delay_is_ignored_until_it_does() {
+        let mut c = Controller::new(CcConfig::default(), 1024);
+        let high = c.target() * 10;
+        let mut t = 0;
+        // A whole period of high delay: the window shrinks meanwhile...
+        while t <= COMPETE_PERIOD.as_micros() as u64 {
+            c.on_ack(at(t), 1, Some(high), us(100));
+            t += 100;
+        }
+        assert!(c.competing());
+        let shrunk = c.cwnd();
+        // ...then grows despite the delay; a loss still halves it.
+        for _ in 0..100 {
+            c.on_ack(at(t), 1, Some(high), us(100));
+            t += 100;
+        }
+        assert!(c.cwnd() > shrunk, "{} vs {shrunk}", c.cwnd());
+        let before = c.cwnd();
+        c.on_loss(at(t), us(100));
+        assert_eq!(c.cwnd(), before / 2.0);
+        // A period with a dip under the target ends it.
+        let end = t + COMPETE_PERIOD.as_micros() as u64 + 200;
+        while t <= end {
+            c.on_ack(at(t), 1, Some(us(0)), us(100));
+            t += 100;
+        }
+        assert!(!c.competing());
     }
 
     #[test]

@@ -328,7 +328,7 @@ pub(crate) struct Requester {
     /// means "this PSN is missing", and only it is sent again.
     selective: bool,
     /// PSNs to send again one by one (selective repeat), before new packets.
-    resend: VecDeque<Psn>,
+    resend: VecDeque<(Psn, Instant)>,
     /// The next packet built asks for an acknowledgement whatever the rules say.
     force_ack_req: bool,
 }
@@ -425,10 +425,22 @@ impl Requester {
     }
 
     pub fn next_timeout(&self) -> Option<Instant> {
-        [self.timer, self.rnr_until, self.rto_timer, self.paced_until]
-            .into_iter()
-            .flatten()
-            .min()
+        // A resend waits out an RNR back-off like everything else (its end is named already).
+        let resend = self
+            .resend
+            .front()
+            .map(|&(_, due)| due)
+            .filter(|_| self.rnr_until.is_none());
+        [
+            self.timer,
+            self.rnr_until,
+            self.rto_timer,
+            self.paced_until,
+            resend,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn srtt(&self) -> Duration {
@@ -1050,11 +1062,23 @@ impl Requester {
         let p = ctx.p;
         let mtu = p.mtu;
         // Selective repeat: the holes the peer reported go first, one packet each.
-        while let Some(&psn) = self.resend.front() {
+        while let Some(&(psn, due)) = self.resend.front() {
             let Some((i, k)) = self.resendable(psn) else {
+                // Acknowledged meanwhile: it was late (reordered), not lost.
                 self.resend.pop_front();
                 continue;
             };
+            if due > now {
+                // Not yet (`next_timeout` names the moment); new packets may go meanwhile.
+                break;
+            }
+            if !self.stamp_of(psn).is_some_and(|s| s.resent) {
+                // Lost for certain now: the window answers once per round trip.
+                let srtt = self.srtt();
+                if let Some(cc) = self.cc.as_mut() {
+                    cc.on_loss(now, srtt);
+                }
+            }
             let len = paced_len(&self.sq[i], k).unwrap_or(0);
             if let Err(at) = self.pace(p, now, len) {
                 self.paced_until = Some(at);
@@ -1173,18 +1197,15 @@ impl Requester {
     /// `false` when go-back-N must handle it instead (no selective repeat, or a READ or atomic).
     /// A NAK for a hole refilled less than a round trip ago is news already acted on.
     fn resend_one(&mut self, ctx: &mut Ctx<'_>, now: Instant, psn: Psn) -> bool {
-        if !self.selective || self.resendable(psn).is_none() {
+        if !self.selective || self.rnr_until.is_some() || self.resendable(psn).is_none() {
             return false;
         }
         let srtt = self.srtt();
         let recent = self
             .stamp_of(psn)
             .is_some_and(|s| s.resent && now.saturating_since(s.at) < srtt);
-        if recent || self.resend.contains(&psn) {
+        if recent || self.resend.iter().any(|&(p, _)| p == psn) {
             return true;
-        }
-        if let Some(cc) = self.cc.as_mut() {
-            cc.on_loss(now, srtt);
         }
         if self.retry_left == 0 {
             ctx.counters.retry_exceeded_err += 1;
@@ -1193,7 +1214,11 @@ impl Requester {
             return true;
         }
         self.retry_left -= 1;
-        self.resend.push_back(psn);
+        // A packet that arrived out of order looks lost to the responder the moment a later one
+        // arrives: the resend waits a quarter of the path's minimum RTT (RACK's reordering
+        // window), and is dropped if the packet's acknowledgement comes first.
+        let due = now + self.rtt.min_rtt() / 4;
+        self.resend.push_back((psn, due));
         true
     }
 

@@ -728,7 +728,7 @@ fn invalid_fields_are_named() {
             |r| r.gid = [0; 16],
             EndpointProblem::Gid(Ipv6Addr::UNSPECIFIED),
         ),
-        ("flags", |r| r.flags = 0x09, EndpointProblem::Flags(0x09)),
+        ("flags", |r| r.flags = 0x11, EndpointProblem::Flags(0x11)),
         (
             "reserved 31",
             |r| r.reserved30[1] = 1,

@@ -498,6 +498,8 @@ fn a_strict_receiver_refuses_a_plain_ferroce_senders_gso_segments() {
     // What strict mode costs: B is strict, A is not, so A's WRITE leaves in GSO sends whose
     // segments after the first B refuses. The WRITE crawls on retransmissions (each round
     // gets one more packet through), so only the refusals are checked, not its completion.
+    // Selective repeat (negotiated between these two) resends the refused packets one by one,
+    // outside GSO, so it lets the WRITE through with fewer refusals: look for fewer.
     let (a, b, qa, _qb) = connected_pair(false, true);
     let len = MIB;
     let (src, dst) = (mr(&a, len), mr(&b, len));
@@ -508,7 +510,7 @@ fn a_strict_receiver_refuses_a_plain_ferroce_senders_gso_segments() {
     )
     .unwrap();
     let t0 = Instant::now();
-    while counter(&b.ctx.counters(), "icrc_errors") < 100 {
+    while counter(&b.ctx.counters(), "icrc_errors") < 40 {
         assert!(
             t0.elapsed() < T,
             "B refused too little: {:?}",
@@ -528,10 +530,9 @@ fn a_strict_receiver_refuses_a_plain_ferroce_senders_gso_segments() {
         0,
         "B believed a solved Identification"
     );
-    assert!(
-        done.is_empty(),
-        "a 1 MiB WRITE got through a strict receiver quickly"
-    );
+    // Whether the WRITE completed is not the point: with selective repeat the refused
+    // packets come again one at a time, outside GSO, and get through.
+    let _ = done;
     // A, not strict, takes B's packets (all with Identification 0) as they are.
     assert_eq!(counter(&a.ctx.counters(), "icrc_errors"), 0);
 }
