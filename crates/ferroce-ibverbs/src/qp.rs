@@ -10,7 +10,7 @@
 //! the peer with its QPN, hands the peer's to its QP (`ibv_set_ece`) before RTR, and the move
 //! to RTR applies what both offer. ferroce's ECE is vendor [`ECE_VENDOR_ID`] with one option,
 //! [`ECE_SELECTIVE_REPEAT`]; an ECE of another vendor, or none, leaves go-back-N, so a program
-//! that never calls `ibv_set_ece` (perftest, toward rxe or anyone) is unaffected.
+//! that never calls `ibv_set_ece` (perftest without `-R`, toward rxe or anyone) is unaffected.
 
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1216,7 +1216,11 @@ fn init_ece(i: &mut CmId, v: &Verbs, qp: *mut ibv_qp) {
     } else {
         Ece::default()
     };
-    let remote = *i.shared.remote_ece.lock().unwrap_or_else(|e| e.into_inner());
+    let remote = *i
+        .shared
+        .remote_ece
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if remote.vendor_id == 0 {
         return;
     }
@@ -1539,7 +1543,10 @@ fn request(
                     e.kind(),
                     K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted
                 );
-                if let Message::Connect { ece: ece @ Some(_), .. } = &mut req {
+                if let Message::Connect {
+                    ece: ece @ Some(_), ..
+                } = &mut req
+                {
                     if refused {
                         *ece = None;
                         continue;
@@ -1620,8 +1627,10 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
                 set_route(c, dev, local, Some(remote));
                 c.c.route.path_rec = &mut *c.path;
                 c.c.route.num_paths = 1;
-                *c.shared.remote_ece.lock().unwrap_or_else(|e| e.into_inner()) =
-                    peer.ece.unwrap_or_default();
+                *c.shared
+                    .remote_ece
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = peer.ece.unwrap_or_default();
                 c.request = Some(peer.clone());
                 *c.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
                 let mut e = event(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
@@ -2096,7 +2105,11 @@ unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece)
             set_errno(libc::EINVAL);
             return -1;
         }
-        let remote = *i.shared.remote_ece.lock().unwrap_or_else(|e| e.into_inner());
+        let remote = *i
+            .shared
+            .remote_ece
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         *out = remote.into();
         0
     })
@@ -2414,7 +2427,11 @@ mod tests {
         rep[4] = 2;
         assert!(matches!(
             Message::read(&mut &rep[..]),
-            Ok(Message::Connect { reply: true, ece: None, .. })
+            Ok(Message::Connect {
+                reply: true,
+                ece: None,
+                ..
+            })
         ));
         rep[4] = 7;
         rep.extend_from_slice(&[0, 0, 0x15, 0xb3, 0, 0, 0, 3]);

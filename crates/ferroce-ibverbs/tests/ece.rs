@@ -328,7 +328,11 @@ fn set_ece_refuses_what_rdma_core_refuses() {
         comp_mask: 1,
         ..ece(FRCE, SR)
     };
-    assert_eq!(set(qp, with_mask), (libc::EINVAL, libc::EINVAL), "comp_mask");
+    assert_eq!(
+        set(qp, with_mask),
+        (libc::EINVAL, libc::EINVAL),
+        "comp_mask"
+    );
     // libibverbs' own check, before any provider.
     assert_eq!(
         set(qp, ece(0, SR)),
@@ -392,7 +396,12 @@ fn only_what_both_offer_is_in_force() {
     let (a, b) = pair(Some(ece(FRCE, u32::MAX)), Some(ece(FRCE, u32::MAX)));
     for qp in [a, b] {
         let e = query(qp);
-        assert_eq!(e.options & !SR, 0, "unknown bits in force: {:#x}", e.options);
+        assert_eq!(
+            e.options & !SR,
+            0,
+            "unknown bits in force: {:#x}",
+            e.options
+        );
     }
     destroy(&[a, b]);
 }
