@@ -8,7 +8,7 @@
 //! connects with ferroce peers only; connecting to a kernel rdma_cm (rxe) would need IB CM MADs
 //! on QP1, which ferroce does not speak yet.
 //!
-//! The REQ and REP also carry each side's ECE, as the kernel's do since rdma-core 31, so two
+//! The REQ and REP also carry each side's ECE, as the kernel's IB CM REQ and REP do, so two
 //! ferroce processes negotiate selective repeat (`crate::qp`'s ECE) with no help from the
 //! program: an id's QP offers its ECE in the REQ (`ibv_query_ece` when `rdma_create_qp` makes
 //! it), the passive side hands it to its QP (`ibv_set_ece`) before RTR and answers with what is
