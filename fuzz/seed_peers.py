@@ -78,8 +78,12 @@ write("cm_exchange", "one", message(1, [endpoint(0x11)]))
 write("cm_exchange", "three", message(1, [endpoint(0x11), endpoint(0x12, False), endpoint(0x13)]))
 write("cm_exchange", "ready", message(2, []))
 
-# rdmacm_messages: REQ, REJ and RTU as a peer sends them.
+# rdmacm_messages: REQ, REJ and RTU as a peer sends them (REQ and REP also with an ECE).
 req = b"FRCM" + bytes([1]) + struct.pack(">II", 0x12, 0x345) + bytes(range(16)) + bytes([3, 16, 16, 7, 7, 8]) + b"perftest"
 write("rdmacm_messages", "req", req)
+# The same REQ with the sender's ECE (kind 6): ferroce's vendor, selective repeat; and a REP
+# with one (kind 7).
+write("rdmacm_messages", "req-ece", b"FRCM" + bytes([6]) + req[5:] + struct.pack(">II", 0x46524345, 1))
+write("rdmacm_messages", "rep-ece", b"FRCM" + bytes([7]) + req[5:] + struct.pack(">II", 0x15B3, 0x10000001))
 write("rdmacm_messages", "rej", b"FRCM" + bytes([3, 3]) + b"abc")
 write("rdmacm_messages", "rtu-dreq", b"FRCM\x04FRCM\x05")

@@ -24,6 +24,8 @@ command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 command -v objdump >/dev/null 2>&1 || need_pkgs+=(binutils)
 [ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
+# librdmacm's header, for the C programs that test the drop-in librdmacm (ECE over rdma_cm).
+[ -f /usr/include/rdma/rdma_cma.h ] || need_pkgs+=(librdmacm-dev)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
 command -v ib_write_lat >/dev/null 2>&1 || need_pkgs+=(perftest)
 command -v rping >/dev/null 2>&1 || need_pkgs+=(rdmacm-utils)

@@ -6,12 +6,12 @@
 //!   byte of the QP number and PSN, which the reader drops: they are 24-bit), and it consumes
 //!   nothing past the message.
 //! * **round trip** — the input builds a message (every kind, private data of 0 to 255 bytes,
-//!   24-bit QP numbers and PSNs): reading its encoding gives it back, and every cut of the
-//!   encoding is an error.
+//!   24-bit QP numbers and PSNs, a REQ or REP with or without an ECE): reading its encoding
+//!   gives it back, and every cut of the encoding is an error.
 #![no_main]
 
 use ferroce_fuzz::Input;
-use ferroce_ibverbs::fuzzing::Message;
+use ferroce_ibverbs::fuzzing::{Ece, Message};
 use libfuzzer_sys::fuzz_target;
 
 fn decode_pass(data: &[u8]) {
@@ -58,6 +58,10 @@ fn build(inp: &mut Input<'_>) -> Message {
                 retry_count: inp.u8(),
                 rnr_retry_count: inp.u8(),
                 private: private(inp),
+                ece: (inp.u8() & 1 == 1).then(|| Ece {
+                    vendor_id: inp.u32(),
+                    options: inp.u32(),
+                }),
             }
         }
         2 => Message::Reject {

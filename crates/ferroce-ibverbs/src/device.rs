@@ -32,6 +32,9 @@ pub(crate) struct Context {
     pub ctx: ferroce::Context,
     /// The GID index the context's socket is bound to (`FERROCE_GID_INDEX`, default 0).
     pub gid_index: usize,
+    /// Whether the context's QPs offer selective repeat in their ECE (`ibv_query_ece`): the
+    /// context option, on unless `FERROCE_SR=0`.
+    pub selective_repeat: bool,
     /// `c.async_fd`: a blocking semaphore eventfd. ferroce raises no asynchronous events yet,
     /// so reading it blocks, as it does on a device where none happens.
     async_fd: OwnedFd,
@@ -231,6 +234,7 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             adopt_registered_pages: true,
             ..ferroce::ContextOptions::default()
         };
+        let selective_repeat = opts.selective_repeat;
         let ctx = match d.inner.open(&opts) {
             Ok(c) => c,
             Err(e) => {
@@ -278,6 +282,7 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             vctx,
             ctx,
             gid_index,
+            selective_repeat,
             async_fd,
             cmd_fd,
         }));

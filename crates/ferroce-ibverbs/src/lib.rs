@@ -105,7 +105,7 @@ mod rdmacm;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::rdmacm::Message;
+    pub use crate::rdmacm::{Ece, Message};
 }
 mod strings;
 mod ud;

@@ -1,8 +1,19 @@
 //! Queue pairs and shared receive queues: `ibv_create_qp`, `ibv_modify_qp` through the IBTA
 //! state machine, `ibv_query_qp`, and the `post_send`/`post_recv`/`post_srq_recv` operations
 //! the inline calls reach. Only reliable-connection QPs exist (ferroce's transport is RC).
+//!
+//! # ECE: negotiating selective repeat
+//! ferroce's selective repeat (`ferroce::QueuePair::set_selective_repeat`) is only for a peer
+//! that does it too; toward any other (rxe, a NIC) a QP keeps go-back-N. Programs that do their
+//! own connection exchange negotiate such extensions with rdma-core's ECE calls, as UCX does
+//! its selective repeat on mlx5: each side reads its QP's offer (`ibv_query_ece`), sends it to
+//! the peer with its QPN, hands the peer's to its QP (`ibv_set_ece`) before RTR, and the move
+//! to RTR applies what both offer. ferroce's ECE is vendor [`ECE_VENDOR_ID`] with one option,
+//! [`ECE_SELECTIVE_REPEAT`]; an ECE of another vendor, or none, leaves go-back-N, so a program
+//! that never calls `ibv_set_ece` (perftest without `-R`, toward rxe or anyone) is unaffected.
 
 use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use ferroce_proto::{
@@ -27,7 +38,17 @@ struct Qp {
     caps: QpCaps,
     /// The attributes set so far, for `ibv_query_qp`.
     attr: Mutex<ibv_qp_attr>,
+    /// The options of the peer's ECE (`ibv_set_ece`) if it is ferroce's vendor; 0 if none was
+    /// set, or another vendor's (whose bits mean something else). Read at the move to RTR.
+    peer_ece: AtomicU32,
 }
+
+/// ferroce's ECE vendor id, "FRCE" in ASCII. ECE vendor ids are the vendors' IEEE OUIs
+/// (0x15b3 for Mellanox), which are 24 bits: one above 0xFFFFFF is no vendor's.
+pub(crate) const ECE_VENDOR_ID: u32 = 0x4652_4345;
+/// ECE option bit: selective repeat, both directions (`ferroce_proto`'s reorder buffer and
+/// the requester resending only the PSN a sequence-error NAK names).
+pub(crate) const ECE_SELECTIVE_REPEAT: u32 = 1;
 
 /// A QP's lock-free sender and a work request reused from post to post: a post converts the
 /// program's `ibv_send_wr` into `scratch` without allocating, and a WRITE, READ or atomic to a
@@ -152,6 +173,7 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
             sig_all: init.sq_sig_all != 0,
             caps,
             attr: Mutex::new(attr),
+            peer_ece: AtomicU32::new(0),
         });
         // SAFETY: `inner` lives in the box's heap allocation, which never moves and is freed
         // only by `ibv_destroy_qp`; nothing moves or replaces `inner` meanwhile, and `poster`,
@@ -273,7 +295,12 @@ fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
     }
     let err = |e: ferroce::Error| errno_of(&e);
     match (current, a.qp_state) {
-        (_, IBV_QPS_RESET) => q.inner.reset(),
+        (_, IBV_QPS_RESET) => {
+            // The next connection is to a peer that has yet to say what it offers (and
+            // ferroce's reset turns selective repeat off).
+            q.peer_ece.store(0, Ordering::Relaxed);
+            q.inner.reset();
+        }
         (_, IBV_QPS_ERR) => q.inner.modify_to_error(),
         (QpState::Reset, IBV_QPS_INIT) => {
             if mask & INIT_NEEDS != INIT_NEEDS {
@@ -321,6 +348,11 @@ fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
                     min_rnr_timer: a.min_rnr_timer,
                 })
                 .map_err(err)?;
+            // What both sides' ECE offer, as ferroce's own exchange applies it: at RTR,
+            // before this side's RTS starts its requester.
+            let both = ece_offer(ctx) & q.peer_ece.load(Ordering::Relaxed);
+            q.inner
+                .set_selective_repeat(both & ECE_SELECTIVE_REPEAT != 0);
         }
         (QpState::Rtr, IBV_QPS_RTS) => {
             if mask & RTS_NEEDS != RTS_NEEDS {
@@ -461,6 +493,86 @@ unsafe extern "C" fn ibv_query_qp(
                 sq_sig_all: i32::from(q.sig_all),
             };
         }
+        0
+    })
+}
+
+/// The ECE options a QP of `ctx` offers.
+fn ece_offer(ctx: &Context) -> u32 {
+    if ctx.selective_repeat {
+        ECE_SELECTIVE_REPEAT
+    } else {
+        0
+    }
+}
+
+/// Sets `errno` to `e` and returns it, as rdma-core's ECE calls report a failure.
+fn ece_error(e: i32) -> libc::c_int {
+    set_errno(e);
+    e
+}
+
+/// `ibv_query_ece`: vendor [`ECE_VENDOR_ID`]; before RTR (RESET, INIT) the options this QP
+/// offers (selective repeat unless the context's option is off, `FERROCE_SR=0`), from RTR on
+/// the options in force. UD QPs have no ECE (EOPNOTSUPP, as rdma-core's providers without it).
+#[no_mangle]
+unsafe extern "C" fn ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> libc::c_int {
+    guard(libc::EFAULT, || {
+        // SAFETY: per the API, a QP of ours and the caller's structure.
+        let (q, out) = unsafe { (qp_of(qp), ece.as_mut()) };
+        let (Some(q), Some(out)) = (q, out) else {
+            // SAFETY: per the API.
+            let ud = unsafe { crate::ud::is_ud(qp) };
+            return ece_error(if ud { libc::EOPNOTSUPP } else { libc::EINVAL });
+        };
+        // SAFETY: the program's QP names its context.
+        let Some(ctx) = (unsafe { Context::from_c(q.c.context) }) else {
+            return ece_error(libc::EINVAL);
+        };
+        let options = match q.inner.state() {
+            QpState::Reset | QpState::Init => ece_offer(ctx),
+            _ if q.inner.selective_repeat() => ECE_SELECTIVE_REPEAT,
+            _ => 0,
+        };
+        *out = ibv_ece {
+            vendor_id: ECE_VENDOR_ID,
+            options,
+            comp_mask: 0,
+        };
+        0
+    })
+}
+
+/// `ibv_set_ece`: the peer's ECE, applied at the QP's next move to RTR (see the module doc):
+/// selective repeat then if both offer it. Another vendor's ECE is accepted and taken as
+/// offering nothing (its bits mean something else). Errors as rdma-core's: vendor 0 is
+/// EOPNOTSUPP (libibverbs' own check), a `comp_mask` (no extension is defined) EINVAL, a UD
+/// QP EOPNOTSUPP; each returned and left in `errno`.
+#[no_mangle]
+unsafe extern "C" fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> libc::c_int {
+    guard(libc::EFAULT, || {
+        // SAFETY: per the API, the caller's structure.
+        let Some(e) = (unsafe { ece.as_ref() }) else {
+            return ece_error(libc::EINVAL);
+        };
+        if e.vendor_id == 0 {
+            return ece_error(libc::EOPNOTSUPP);
+        }
+        // SAFETY: per the API, a QP of ours.
+        let Some(q) = (unsafe { qp_of(qp) }) else {
+            // SAFETY: as above.
+            let ud = unsafe { crate::ud::is_ud(qp) };
+            return ece_error(if ud { libc::EOPNOTSUPP } else { libc::EINVAL });
+        };
+        if e.comp_mask != 0 {
+            return ece_error(libc::EINVAL);
+        }
+        let options = if e.vendor_id == ECE_VENDOR_ID {
+            e.options
+        } else {
+            0
+        };
+        q.peer_ece.store(options, Ordering::Relaxed);
         0
     })
 }

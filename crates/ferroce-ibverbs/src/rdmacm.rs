@@ -8,6 +8,14 @@
 //! connects with ferroce peers only; connecting to a kernel rdma_cm (rxe) would need IB CM MADs
 //! on QP1, which ferroce does not speak yet.
 //!
+//! The REQ and REP also carry each side's ECE, as the kernel's IB CM REQ and REP do, so two
+//! ferroce processes negotiate selective repeat (`crate::qp`'s ECE) with no help from the
+//! program: an id's QP offers its ECE in the REQ (`ibv_query_ece` when `rdma_create_qp` makes
+//! it), the passive side hands it to its QP (`ibv_set_ece`) before RTR and answers with what is
+//! then in force, which the active side hands to its QP before its own RTR.
+//! `rdma_set_local_ece` and `rdma_get_remote_ece` are there for an id without a QP, as in
+//! librdmacm (for instance to read a request's ECE before making the QP).
+//!
 //! This code is linked into `librdmacm.so.1`, a library of its own (programs name its symbol
 //! versions, `RDMACM_1.0`…), and reaches the verbs through `libibverbs.so.1`'s exported calls,
 //! found with `dlsym`: the contexts, PDs and QPs it makes must be the ones the program's own
@@ -51,6 +59,7 @@ type CreateCqFn = unsafe extern "C" fn(
     c_int,
 ) -> *mut ibv_cq;
 type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+type EceFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int;
 
 /// The libibverbs calls this library makes, resolved in the process's global scope.
 struct Verbs {
@@ -68,6 +77,8 @@ struct Verbs {
     destroy_comp_channel: DestroyCompChannelFn,
     create_cq: CreateCqFn,
     destroy_cq: DestroyCqFn,
+    query_ece: EceFn,
+    set_ece: EceFn,
 }
 
 fn verbs() -> Option<&'static Verbs> {
@@ -103,6 +114,8 @@ fn verbs() -> Option<&'static Verbs> {
                     destroy_comp_channel: sym!(c"ibv_destroy_comp_channel" as DestroyCompChannelFn),
                     create_cq: sym!(c"ibv_create_cq" as CreateCqFn),
                     destroy_cq: sym!(c"ibv_destroy_cq" as DestroyCqFn),
+                    query_ece: sym!(c"ibv_query_ece" as EceFn),
+                    set_ece: sym!(c"ibv_set_ece" as EceFn),
                 })
             }
         })
@@ -261,8 +274,62 @@ fn gid_of(ip: IpAddr) -> [u8; 16] {
 
 const MAGIC: &[u8; 4] = b"FRCM";
 
+/// The kinds of message, the byte after the magic. It is the format's version too: a reader
+/// refuses a kind it does not know (and closes the connection), so a new field comes as new
+/// kinds, here REQ and REP with an ECE (see [`Message`]).
+mod kind {
+    pub const REQ: u8 = 1;
+    pub const REP: u8 = 2;
+    pub const REJ: u8 = 3;
+    pub const RTU: u8 = 4;
+    pub const DREQ: u8 = 5;
+    pub const REQ_ECE: u8 = 6;
+    pub const REP_ECE: u8 = 7;
+}
+
+/// An ECE as a REQ or REP carries it: `struct ibv_ece` without its `comp_mask`. Vendor 0 is
+/// none (what librdmacm reports of a peer that sent none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ece {
+    /// The vendor whose options these are (an IEEE OUI, or ferroce's id above 24 bits).
+    pub vendor_id: u32,
+    /// The options, in the vendor's meaning.
+    pub options: u32,
+}
+
+impl From<ibv_ece> for Ece {
+    fn from(e: ibv_ece) -> Ece {
+        Ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+        }
+    }
+}
+
+impl From<Ece> for ibv_ece {
+    fn from(e: Ece) -> ibv_ece {
+        ibv_ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+            comp_mask: 0,
+        }
+    }
+}
+
 /// The IB CM messages rdma_cm exchanges, carried over TCP. (`pub` only so that the `fuzzing`
 /// feature's hooks can name it; the module is private.)
+///
+/// Each starts with the magic `FRCM` and a kind byte. A REQ or REP (kind 1 or 2) follows with
+/// the QPN and PSN (4 bytes each, big-endian, 24 bits used), the GID (16), the path MTU, the
+/// responder resources, the initiator depth, the retry and RNR retry counts (a byte each), the
+/// private data's length (a byte) and the private data. Kinds 6 and 7 are a REQ and a REP with
+/// the sender's ECE after that: vendor id and options, 4 bytes each, big-endian. A REJ (3) is
+/// the private data's length and the private data; an RTU (4) and a DREQ (5) are the kind
+/// alone.
+///
+/// A build from before ECE knows kinds 1 to 5 only and closes the connection on a REQ of kind
+/// 6; the active side then sends its REQ again as kind 1, on a new connection, and goes on
+/// without ECE (go-back-N). A passive side answers a REQ of kind 1 with a REP of kind 2.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// REQ (from the active side) and REP (the passive side's answer) carry the same fields.
@@ -287,6 +354,9 @@ pub enum Message {
         rnr_retry_count: u8,
         /// The application's private data (at most 255 bytes: its length is one byte).
         private: Vec<u8>,
+        /// The sender's ECE: in a REQ what its QP offers, in a REP what is in force. `None` in
+        /// the kinds of a build from before ECE.
+        ece: Option<Ece>,
     },
     /// REJ, with the rejecting side's private data.
     Reject {
@@ -315,8 +385,14 @@ impl Message {
                 retry_count,
                 rnr_retry_count,
                 private,
+                ece,
             } => {
-                b.push(if *reply { 2 } else { 1 });
+                b.push(match (*reply, ece.is_some()) {
+                    (false, false) => kind::REQ,
+                    (true, false) => kind::REP,
+                    (false, true) => kind::REQ_ECE,
+                    (true, true) => kind::REP_ECE,
+                });
                 b.extend_from_slice(&qpn.to_be_bytes());
                 b.extend_from_slice(&psn.to_be_bytes());
                 b.extend_from_slice(gid);
@@ -329,14 +405,18 @@ impl Message {
                     private.len() as u8,
                 ]);
                 b.extend_from_slice(private);
+                if let Some(e) = ece {
+                    b.extend_from_slice(&e.vendor_id.to_be_bytes());
+                    b.extend_from_slice(&e.options.to_be_bytes());
+                }
             }
             Message::Reject { private } => {
-                b.push(3);
+                b.push(kind::REJ);
                 b.push(private.len() as u8);
                 b.extend_from_slice(private);
             }
-            Message::ReadyToUse => b.push(4),
-            Message::Disconnect => b.push(5),
+            Message::ReadyToUse => b.push(kind::RTU),
+            Message::Disconnect => b.push(kind::DREQ),
         }
         b
     }
@@ -356,12 +436,22 @@ impl Message {
             Ok(p)
         };
         match head[4] {
-            k @ (1 | 2) => {
+            k @ (kind::REQ | kind::REP | kind::REQ_ECE | kind::REP_ECE) => {
                 let mut f = [0u8; 4 + 4 + 16 + 6];
                 s.read_exact(&mut f)?;
                 let private = read_private(s, f[29])?;
+                let ece = if k == kind::REQ_ECE || k == kind::REP_ECE {
+                    let mut e = [0u8; 8];
+                    s.read_exact(&mut e)?;
+                    Some(Ece {
+                        vendor_id: u32::from_be_bytes([e[0], e[1], e[2], e[3]]),
+                        options: u32::from_be_bytes([e[4], e[5], e[6], e[7]]),
+                    })
+                } else {
+                    None
+                };
                 Ok(Message::Connect {
-                    reply: k == 2,
+                    reply: k == kind::REP || k == kind::REP_ECE,
                     qpn: u32::from_be_bytes([f[0], f[1], f[2], f[3]]) & 0x00ff_ffff,
                     psn: u32::from_be_bytes([f[4], f[5], f[6], f[7]]) & 0x00ff_ffff,
                     gid: f[8..24].try_into().map_err(|_| bad("gid"))?,
@@ -371,17 +461,18 @@ impl Message {
                     retry_count: f[27],
                     rnr_retry_count: f[28],
                     private,
+                    ece,
                 })
             }
-            3 => {
+            kind::REJ => {
                 let mut n = [0u8; 1];
                 s.read_exact(&mut n)?;
                 Ok(Message::Reject {
                     private: read_private(s, n[0])?,
                 })
             }
-            4 => Ok(Message::ReadyToUse),
-            5 => Ok(Message::Disconnect),
+            kind::RTU => Ok(Message::ReadyToUse),
+            kind::DREQ => Ok(Message::Disconnect),
             _ => Err(bad("unknown rdma_cm message")),
         }
     }
@@ -473,6 +564,9 @@ struct IdShared {
     qp: Mutex<usize>,
     /// The id's channel's events.
     queue: Arc<EventQueue>,
+    /// The peer's ECE, from its REQ (a passive id) or REP (an active one); vendor 0 if it sent
+    /// none (`rdma_get_remote_ece`).
+    remote_ece: Mutex<Ece>,
 }
 
 /// The peer's side of a connection, as its REQ or REP said.
@@ -486,6 +580,8 @@ struct Peer {
     initiator_depth: u8,
     retry_count: u8,
     rnr_retry_count: u8,
+    /// Its ECE; `None` from a build before ECE, which is answered in its own kinds.
+    ece: Option<Ece>,
 }
 
 #[repr(C)]
@@ -497,6 +593,9 @@ struct CmId {
     /// The REQ a passive id was made for.
     request: Option<Peer>,
     my_psn: u32,
+    /// The ECE this side's REQ offers: its QP's (`ibv_query_ece` when `rdma_create_qp` makes
+    /// it), else what `rdma_set_local_ece` set; vendor 0 for none.
+    local_ece: Ece,
     /// The local ACK timeout (`RDMA_OPTION_ID_ACK_TIMEOUT`), else 14 (67 ms), as ferroce's own.
     ack_timeout: u8,
     owns_pd: bool,
@@ -553,11 +652,13 @@ fn new_id(
             stream: Mutex::new(None),
             qp: Mutex::new(0),
             queue,
+            remote_ece: Mutex::new(Ece::default()),
         }),
         device: None,
         listener: None,
         request: None,
         my_psn: random_psn(),
+        local_ece: Ece::default(),
         ack_timeout: 14,
         owns_pd: false,
         owns_cqs: false,
@@ -966,6 +1067,7 @@ unsafe extern "C" fn rdma_create_qp(
             set_errno(rc);
             return -1;
         }
+        init_ece(i, v, qp);
         i.c.qp = qp;
         *i.shared.qp.lock().unwrap_or_else(|e| e.into_inner()) = qp as usize;
         i.c.pd = pd;
@@ -1088,6 +1190,7 @@ struct Local {
     device: Device,
     psn: u32,
     ack_timeout: u8,
+    ece: Ece,
 }
 
 impl CmId {
@@ -1096,8 +1199,59 @@ impl CmId {
             device: self.device?,
             psn: self.my_psn,
             ack_timeout: self.ack_timeout,
+            ece: self.local_ece,
         })
     }
+}
+
+/// As librdmacm when it makes an id's QP: the QP's ECE (what it offers) becomes the id's local
+/// one, which its REQ carries. On a passive id the request's ECE is known already and goes to
+/// the QP for its RTR: as it is if of the same vendor, else as this side's vendor with no
+/// options (the peer's bits mean something else). A QP without ECE is left as it is.
+fn init_ece(i: &mut CmId, v: &Verbs, qp: *mut ibv_qp) {
+    let mut mine = ibv_ece::default();
+    // SAFETY: a live QP and a full structure.
+    i.local_ece = if unsafe { (v.query_ece)(qp, &mut mine) } == 0 {
+        mine.into()
+    } else {
+        Ece::default()
+    };
+    let remote = *i
+        .shared
+        .remote_ece
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if remote.vendor_id == 0 {
+        return;
+    }
+    set_peer_ece(v, qp, i.local_ece, remote);
+}
+
+/// Hands the peer's ECE to `qp` before its RTR (`ibv_set_ece`): another vendor's, or none (a
+/// peer without ECE), as this side's vendor with no options, as librdmacm does. A failure (a
+/// QP without ECE) leaves the QP as it is, as librdmacm ignores it too.
+fn set_peer_ece(v: &Verbs, qp: *mut ibv_qp, local: Ece, remote: Ece) {
+    let given = if remote.vendor_id == local.vendor_id {
+        remote
+    } else {
+        Ece {
+            vendor_id: local.vendor_id,
+            options: 0,
+        }
+    };
+    let mut e = ibv_ece::from(given);
+    // SAFETY: a live QP of the id (the caller holds it) and a full structure.
+    unsafe { (v.set_ece)(qp, &mut e) };
+}
+
+/// The ECE in force on `qp` (after its RTR), which a REP carries; vendor 0 if it has none.
+fn ece_in_force(v: &Verbs, qp: *mut ibv_qp) -> Ece {
+    let mut e = ibv_ece::default();
+    // SAFETY: a live QP of the id and a full structure.
+    if qp.is_null() || unsafe { (v.query_ece)(qp, &mut e) } != 0 {
+        return Ece::default();
+    }
+    e.into()
 }
 
 /// Brings `qp` to RTR and RTS toward `peer`.
@@ -1177,13 +1331,14 @@ unsafe fn private_of(p: &rdma_conn_param) -> Vec<u8> {
 }
 
 /// The REQ (or, `reply`, the REP) this side sends: its QP, PSN, GID and path MTU, `p`'s depths
-/// and retry counts, and the program's private data.
+/// and retry counts, the program's private data and `ece` (`None` toward a build before ECE).
 fn connect_message(
     i: &CmId,
     local: &Local,
     p: &rdma_conn_param,
     reply: bool,
     private: Vec<u8>,
+    ece: Option<Ece>,
 ) -> Message {
     let qpn = if i.c.qp.is_null() {
         p.qp_num
@@ -1206,6 +1361,7 @@ fn connect_message(
         retry_count: p.retry_count,
         rnr_retry_count: p.rnr_retry_count,
         private,
+        ece,
     }
 }
 
@@ -1221,6 +1377,7 @@ fn peer_of(m: &Message) -> Option<(Peer, Vec<u8>)> {
             retry_count,
             rnr_retry_count,
             private,
+            ece,
             ..
         } => Some((
             Peer {
@@ -1232,6 +1389,7 @@ fn peer_of(m: &Message) -> Option<(Peer, Vec<u8>)> {
                 initiator_depth: *initiator_depth,
                 retry_count: *retry_count,
                 rnr_retry_count: *rnr_retry_count,
+                ece: *ece,
             },
             private.clone(),
         )),
@@ -1288,41 +1446,39 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
             set_errno(libc::EINVAL);
             return -1;
         };
-        let req = connect_message(i, &local, &p, false, private);
+        let req = connect_message(i, &local, &p, false, private, Some(local.ece));
         let p = Params::from(&p);
         let shared = i.shared.clone();
         let id_addr = id as usize;
         std::thread::spawn(move || {
             let id = id_addr as *mut rdma_cm_id;
             let fail = |kind, status| shared.post(event(id, kind, status));
-            let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(5)) {
-                Ok(s) => s,
-                // Nothing listens: IB CM's "invalid service ID" rejection, status 8.
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    return fail(RDMA_CM_EVENT_REJECTED, 8)
-                }
-                Err(_) => return fail(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT),
+            let (mut s, answer) = match request(dst, req) {
+                Ok(r) => r,
+                Err((kind, status)) => return fail(kind, status),
             };
-            let _ = s.set_nodelay(true);
-            if s.write_all(&req.encode()).is_err() {
-                return fail(RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET);
-            }
-            match Message::read(&mut s) {
-                Ok(Message::Reject { private }) => {
+            match answer {
+                Message::Reject { private } => {
                     let mut e = event(id, RDMA_CM_EVENT_REJECTED, 28);
                     e.private = private;
                     shared.post(e);
                 }
-                Ok(m @ Message::Connect { reply: true, .. }) => {
+                m @ Message::Connect { reply: true, .. } => {
                     let Some((peer, private)) = peer_of(&m) else {
                         return;
                     };
+                    let remote = peer.ece.unwrap_or_default();
+                    *shared.remote_ece.lock().unwrap_or_else(|e| e.into_inner()) = remote;
                     let connected = {
                         let qp = shared.qp.lock().unwrap_or_else(|e| e.into_inner());
                         if !shared.alive.load(Ordering::Acquire) {
                             return;
                         }
-                        connect_qp(*qp as *mut ibv_qp, &local, &peer, &p)
+                        let qp = *qp as *mut ibv_qp;
+                        if let (false, Some(v)) = (qp.is_null(), verbs()) {
+                            set_peer_ece(v, qp, local.ece, remote);
+                        }
+                        connect_qp(qp, &local, &peer, &p)
                     };
                     if let Err(rc) = connected {
                         let _ = s.write_all(
@@ -1355,6 +1511,51 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
         // SAFETY: our live id.
         unsafe { wait_sync(id, RDMA_CM_EVENT_ESTABLISHED) }
     })
+}
+
+/// Sends the REQ `req` to `dst` on a new connection; the connection and the peer's answer, or
+/// the event (and status) that reports the failure. A peer that closes the connection on a REQ
+/// with an ECE is a build from before ECE (see [`Message`]): the REQ goes again without it.
+fn request(
+    dst: SocketAddr,
+    mut req: Message,
+) -> Result<(TcpStream, Message), (rdma_cm_event_type, c_int)> {
+    loop {
+        let mut s = match TcpStream::connect_timeout(&dst, Duration::from_secs(5)) {
+            Ok(s) => s,
+            // Nothing listens: IB CM's "invalid service ID" rejection, status 8.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err((RDMA_CM_EVENT_REJECTED, 8))
+            }
+            Err(_) => return Err((RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)),
+        };
+        let _ = s.set_nodelay(true);
+        if s.write_all(&req.encode()).is_err() {
+            return Err((RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNRESET));
+        }
+        match Message::read(&mut s) {
+            Ok(m) => return Ok((s, m)),
+            Err(e) => {
+                use std::io::ErrorKind as K;
+                // The old reader refuses the kind after reading 5 bytes and closes with the
+                // rest unread: a reset, or an end of stream if it all came in one read.
+                let refused = matches!(
+                    e.kind(),
+                    K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted
+                );
+                if let Message::Connect {
+                    ece: ece @ Some(_), ..
+                } = &mut req
+                {
+                    if refused {
+                        *ece = None;
+                        continue;
+                    }
+                }
+                return Err((RDMA_CM_EVENT_UNREACHABLE, -libc::EPROTO));
+            }
+        }
+    }
 }
 
 /// `rdma_listen`: each REQ on the bound address becomes a new id in `CONNECT_REQUEST`.
@@ -1426,6 +1627,10 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
                 set_route(c, dev, local, Some(remote));
                 c.c.route.path_rec = &mut *c.path;
                 c.c.route.num_paths = 1;
+                *c.shared
+                    .remote_ece
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = peer.ece.unwrap_or_default();
                 c.request = Some(peer.clone());
                 *c.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
                 let mut e = event(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
@@ -1493,8 +1698,13 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
             set_errno(rc);
             return -1;
         }
+        // The decision, in force from the RTR just made (the request's ECE reached the QP in
+        // `rdma_create_qp`); a requester from before ECE gets a REP it can read.
+        let ece = peer
+            .ece
+            .map(|_| verbs().map_or(Ece::default(), |v| ece_in_force(v, i.c.qp)));
         // SAFETY: the program's private data.
-        let rep = connect_message(i, &local, &p, true, unsafe { private_of(&p) });
+        let rep = connect_message(i, &local, &p, true, unsafe { private_of(&p) }, ece);
         let stream = i
             .shared
             .stream
@@ -1860,6 +2070,51 @@ unsafe extern "C" fn rdma_set_option(
     }
 }
 
+/// `rdma_set_local_ece`: the ECE an id without a QP offers in its REQ or REP, as librdmacm
+/// (for a program's own QP, which ferroce's librdmacm does not connect: `rdma_create_qp`
+/// replaces it with its QP's). EINVAL for an id with a QP, vendor 0 or a `comp_mask`.
+#[no_mangle]
+unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API, an id of ours and the caller's structure.
+        let (Some(i), Some(e)) = (unsafe { id_of(id) }, unsafe { ece.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if !i.c.qp.is_null() || e.vendor_id == 0 || e.comp_mask != 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        i.local_ece = (*e).into();
+        0
+    })
+}
+
+/// `rdma_get_remote_ece`: the ECE the peer's REQ (on a passive id, from its
+/// `CONNECT_REQUEST`) or REP carried; vendor 0 if it carried none. As librdmacm, only for an id
+/// without a QP (EINVAL otherwise): a passive side reads the request's before `rdma_create_qp`.
+#[no_mangle]
+unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API, an id of ours and the caller's structure.
+        let (Some(i), Some(out)) = (unsafe { id_of(id) }, unsafe { ece.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if !i.c.qp.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let remote = *i
+            .shared
+            .remote_ece
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *out = remote.into();
+        0
+    })
+}
+
 /// `rdma_getaddrinfo`: the system's resolution, shaped as RC connection addresses.
 #[no_mangle]
 unsafe extern "C" fn rdma_getaddrinfo(
@@ -2005,8 +2260,9 @@ unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
     unsafe { libc::free(list.cast()) }
 }
 
-/// The rest of librdmacm: the synchronous endpoint calls, SRQs on ids, multicast, migration,
-/// ECE and rsockets. They fail as unsupported.
+/// The rest of librdmacm: SRQs on ids, multicast, migration, the calls for a program's own QP
+/// (`rdma_establish`, `rdma_init_qp_attr`), rejecting for an ECE (`rdma_reject_ece`: the REJ
+/// carries no reason) and rsockets. They fail as unsupported.
 mod unsupported {
 
     returns_minus_one!(
@@ -2019,9 +2275,7 @@ mod unsupported {
         rdma_notify,
         rdma_establish,
         rdma_init_qp_attr,
-        rdma_get_remote_ece,
         rdma_reject_ece,
-        rdma_set_local_ece,
         raccept,
         rbind,
         rclose,
@@ -2057,7 +2311,7 @@ mod unsupported {
 
 #[cfg(test)]
 mod tests {
-    use super::Message;
+    use super::{Ece, Message};
 
     #[test]
     fn messages_round_trip_and_refuse_junk() {
@@ -2073,6 +2327,39 @@ mod tests {
                 retry_count: 7,
                 rnr_retry_count: 6,
                 private: b"perftest".to_vec(),
+                ece: None,
+            },
+            Message::Connect {
+                reply: false,
+                qpn: 0x12_3456,
+                psn: 0xab_cdef,
+                gid: [7; 16],
+                mtu: 5,
+                responder_resources: 16,
+                initiator_depth: 4,
+                retry_count: 7,
+                rnr_retry_count: 6,
+                private: b"perftest".to_vec(),
+                ece: Some(Ece {
+                    vendor_id: 0x4652_4345,
+                    options: 1,
+                }),
+            },
+            Message::Connect {
+                reply: true,
+                qpn: 9,
+                psn: 8,
+                gid: [1; 16],
+                mtu: 1,
+                responder_resources: 1,
+                initiator_depth: 1,
+                retry_count: 1,
+                rnr_retry_count: 1,
+                private: vec![0xaa; 255],
+                ece: Some(Ece {
+                    vendor_id: u32::MAX,
+                    options: u32::MAX,
+                }),
             },
             Message::Connect {
                 reply: true,
@@ -2085,6 +2372,7 @@ mod tests {
                 retry_count: 0,
                 rnr_retry_count: 0,
                 private: Vec::new(),
+                ece: None,
             },
             Message::Reject {
                 private: vec![1, 2, 3],
@@ -2102,5 +2390,61 @@ mod tests {
         }
         assert!(Message::read(&mut &b"XXXX\x01"[..]).is_err());
         assert!(Message::read(&mut &b"FRCM\x09"[..]).is_err());
+    }
+
+    /// A REQ or REP without an ECE is byte for byte what builds before ECE send and read (kind
+    /// 1 or 2); with one it is kind 6 or 7, the ECE after the private data.
+    #[test]
+    fn connect_messages_keep_the_format_before_ece() {
+        let req = |ece| Message::Connect {
+            reply: false,
+            qpn: 0x01_0203,
+            psn: 0x04_0506,
+            gid: [9; 16],
+            mtu: 3,
+            responder_resources: 2,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            private: b"hi".to_vec(),
+            ece,
+        };
+        let mut legacy = b"FRCM\x01\x00\x01\x02\x03\x00\x04\x05\x06".to_vec();
+        legacy.extend_from_slice(&[9; 16]);
+        legacy.extend_from_slice(&[3, 2, 1, 7, 7, 2, b'h', b'i']);
+        assert_eq!(req(None).encode(), legacy);
+        let with = req(Some(Ece {
+            vendor_id: 0x4652_4345,
+            options: 1,
+        }))
+        .encode();
+        let mut want = legacy.clone();
+        want[4] = 6;
+        want.extend_from_slice(b"FRCE\x00\x00\x00\x01");
+        assert_eq!(with, want);
+        // A REP likewise: kind 2 without, 7 with.
+        let mut rep = legacy.clone();
+        rep[4] = 2;
+        assert!(matches!(
+            Message::read(&mut &rep[..]),
+            Ok(Message::Connect {
+                reply: true,
+                ece: None,
+                ..
+            })
+        ));
+        rep[4] = 7;
+        rep.extend_from_slice(&[0, 0, 0x15, 0xb3, 0, 0, 0, 3]);
+        assert!(matches!(
+            Message::read(&mut &rep[..]),
+            Ok(Message::Connect {
+                reply: true,
+                ece: Some(Ece {
+                    vendor_id: 0x15b3,
+                    options: 3
+                }),
+                ..
+            })
+        ));
     }
 }

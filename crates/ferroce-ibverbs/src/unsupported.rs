@@ -16,8 +16,6 @@ returns_errno!(
     ibv_attach_mcast,
     ibv_detach_mcast,
     ibv_resolve_eth_l2_from_gid,
-    ibv_query_ece,
-    ibv_set_ece,
     execute_ioctl,
     ibv_cmd_advise_mr,
     ibv_cmd_alloc_dm,

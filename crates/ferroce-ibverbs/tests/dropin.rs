@@ -74,6 +74,11 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Compiles a C program against the installed rdma-core headers and libibverbs.
 fn compile_c(name: &str, source: &str) -> PathBuf {
+    compile_c_with(name, source, &["-libverbs"])
+}
+
+/// Compiles a C program against the installed rdma-core headers, linked with `libs`.
+fn compile_c_with(name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let src = scratch(&format!("{name}.c"));
     let exe = scratch(name);
     std::fs::write(&src, source).unwrap();
@@ -81,9 +86,9 @@ fn compile_c(name: &str, source: &str) -> PathBuf {
         .args(["-O1", "-o"])
         .arg(&exe)
         .arg(&src)
-        .arg("-libverbs")
+        .args(libs)
         .output()
-        .expect("gcc (install gcc and libibverbs-dev)");
+        .expect("gcc (install gcc, libibverbs-dev and librdmacm-dev)");
     assert!(o.status.success(), "compiling {name}: {}", text(&o));
     exe
 }
@@ -796,6 +801,234 @@ fn ucx_perftest_pair(provider: &str, port: u16, env: &[(&str, &str)], client_arg
         "{provider} {client_args:?}: no result\n{ct}"
     );
     assert!(!ct.contains("ERROR"), "{provider} {client_args:?}\n{ct}");
+}
+
+/// `tests/c/ece.c`, built against rdma-core's headers and libraries (ferroce's at run time).
+fn ece_program() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        compile_c_with(
+            "ece",
+            include_str!("c/ece.c"),
+            &["-std=gnu11", "-lrdmacm", "-libverbs"],
+        )
+    })
+}
+
+/// The ECE program with `args`, over ferroce's libraries, offering selective repeat or not
+/// (`FERROCE_SR`).
+fn ece_run(args: &[&str], sr: bool) -> Command {
+    let mut c = over_ferroce(ece_program().to_str().unwrap());
+    c.args(args);
+    if sr {
+        c.env_remove("FERROCE_SR");
+    } else {
+        c.env("FERROCE_SR", "0");
+    }
+    c
+}
+
+/// The words after `key` on the line of `out` that starts with it.
+fn line<'a>(out: &'a str, key: &str) -> Vec<&'a str> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+        .map(|r| r.split_whitespace().collect())
+        .unwrap_or_else(|| panic!("no {key} line in:\n{out}"))
+}
+
+/// ferroce's ECE vendor id as the program prints it, and an ECE line with `options`.
+const FRCE: &str = "0x46524345";
+
+fn ece_line(options: &str) -> Vec<&str> {
+    vec![FRCE, options, "0"]
+}
+
+/// A program's `ibv_query_ece` on a new QP: ferroce's vendor with selective repeat, unless
+/// `FERROCE_SR=0`; and `ibv_set_ece`'s refusals as rdma-core makes them.
+#[test]
+fn ibv_query_ece_shows_the_offer_and_ferroce_sr_0_withdraws_it() {
+    for (sr, options) in [(true, "0x1"), (false, "0x0")] {
+        let o = ece_run(&["query"], sr).output().expect("ece query");
+        let out = text(&o);
+        assert!(o.status.success(), "{out}");
+        assert_eq!(line(&out, "offer"), ece_line(options), "FERROCE_SR {sr}");
+        let (einval, eopnotsupp) = (libc::EINVAL.to_string(), libc::EOPNOTSUPP.to_string());
+        assert_eq!(line(&out, "set_comp_mask"), [&einval, &einval]);
+        assert_eq!(line(&out, "set_vendor_0"), [&eopnotsupp, &eopnotsupp]);
+        assert_eq!(line(&out, "set_ours"), ["0"]);
+    }
+}
+
+/// Two ferroce processes connected by rdma_cm negotiate selective repeat with no help from the
+/// program: the REQ carries the client QP's offer (which the server reads with
+/// `rdma_get_remote_ece` before making its QP), the REP what is in force; and a side that does
+/// not offer it (`FERROCE_SR=0`) leaves both on go-back-N.
+#[test]
+fn rdma_cm_between_ferroce_processes_negotiates_selective_repeat() {
+    let einval = libc::EINVAL.to_string();
+    // (server offers, client offers, the REQ's options, in force)
+    let cases = [
+        (true, true, "0x1", "0x1"),
+        (false, true, "0x1", "0x0"),
+        (true, false, "0x0", "0x0"),
+    ];
+    for (i, (server_sr, client_sr, req, in_force)) in cases.into_iter().enumerate() {
+        let port = 19100 + i as u16;
+        let p = port.to_string();
+        let (st, ct) = pair(
+            ece_run(&["server", &p], server_sr),
+            ece_run(&["client", "127.0.0.1", &p], client_sr),
+            port,
+        );
+        let label = format!("server SR {server_sr}, client SR {client_sr}");
+        assert_eq!(
+            line(&st, "remote_ece"),
+            ece_line(req),
+            "{label}
+{st}"
+        );
+        assert_eq!(
+            line(&st, "in_force"),
+            ece_line(in_force),
+            "{label}
+{st}"
+        );
+        assert_eq!(
+            line(&ct, "in_force"),
+            ece_line(in_force),
+            "{label}
+{ct}"
+        );
+        assert_eq!(line(&st, "received"), ["hello"], "{label}");
+        // librdmacm's rules: ECE calls on an id only while it has no QP; no vendor 0 or
+        // comp_mask; an ECE set before rdma_create_qp gives way to the QP's own.
+        assert_eq!(line(&st, "remote_ece_with_qp"), ["-1", &einval]);
+        assert_eq!(line(&st, "local_ece_with_qp"), ["-1", &einval]);
+        assert_eq!(line(&ct, "local_ece_vendor_0"), ["-1", &einval]);
+        assert_eq!(line(&ct, "local_ece_comp_mask"), ["-1", &einval]);
+        assert_eq!(line(&ct, "local_ece"), ["0"]);
+        let offer = if client_sr { "0x1" } else { "0x0" };
+        assert_eq!(line(&ct, "offer"), ece_line(offer), "{label}");
+    }
+}
+
+/// A QPN on a host slot no process takes (slot 4000), for the QP of a fake rdma_cm peer that
+/// never sends.
+const FAKE_QPN: u32 = 4000 * 4096 + 1;
+
+/// A REQ (`kind` 1, or 6 with `ece`) or REP (2, or 7) as a ferroce peer sends it: a QP on
+/// 127.0.0.1 and no private data.
+fn connect_message(kind: u8, ece: Option<(u32, u32)>) -> Vec<u8> {
+    let mut m = b"FRCM".to_vec();
+    m.push(kind);
+    m.extend_from_slice(&FAKE_QPN.to_be_bytes());
+    m.extend_from_slice(&0u32.to_be_bytes());
+    m.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]);
+    m.extend_from_slice(&[3, 1, 1, 7, 7, 0]);
+    if let Some((vendor, options)) = ece {
+        m.extend_from_slice(&vendor.to_be_bytes());
+        m.extend_from_slice(&options.to_be_bytes());
+    }
+    m
+}
+
+/// Reads a REQ or REP: its kind and ECE (kinds 6 and 7 carry one).
+fn read_connect(s: &mut impl std::io::Read) -> (u8, Option<(u32, u32)>) {
+    let mut head = [0u8; 5 + 30];
+    s.read_exact(&mut head).expect("a REQ or REP");
+    assert_eq!(&head[..4], b"FRCM");
+    let mut private = vec![0u8; usize::from(head[34])];
+    s.read_exact(&mut private).unwrap();
+    let ece = matches!(head[4], 6 | 7).then(|| {
+        let mut e = [0u8; 8];
+        s.read_exact(&mut e).unwrap();
+        (
+            u32::from_be_bytes([e[0], e[1], e[2], e[3]]),
+            u32::from_be_bytes([e[4], e[5], e[6], e[7]]),
+        )
+    });
+    (head[4], ece)
+}
+
+/// Toward rdma_cm peers from before ECE (played here by the test, as such a build answers),
+/// and one with a foreign ECE: the connection is made, on go-back-N. A client whose REQ with
+/// an ECE is refused sends it again without; a server answers a REQ without an ECE with a REP
+/// without one, and takes a foreign vendor's as offering nothing.
+#[test]
+fn rdma_cm_toward_peers_without_ferroces_ece_keeps_go_back_n() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let limit = Some(Duration::from_secs(20));
+
+    // An old server: it refuses the kind after reading it, then serves the old REQ.
+    let port = 19110;
+    let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let old_server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head).unwrap();
+        drop(s);
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(limit).unwrap();
+        let (kind, ece) = read_connect(&mut s);
+        s.write_all(&connect_message(2, None)).unwrap();
+        let mut rtu = [0u8; 5];
+        s.read_exact(&mut rtu).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        (head[4], kind, ece, rtu, rest)
+    });
+    let client = ece_run(&["client", "127.0.0.1", &port.to_string(), "nodata"], true)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_with_timeout(client, Duration::from_secs(60));
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let (first, second, ece, rtu, rest) = old_server.join().unwrap();
+    assert_eq!(
+        (first, second, ece),
+        (6, 1, None),
+        "REQ with ECE, then without"
+    );
+    assert_eq!(&rtu, b"FRCM");
+    assert!(rest.starts_with(b"FRCM"), "a DREQ at the end: {rest:?}");
+    assert_eq!(line(&out, "offer"), ece_line("0x1"));
+    assert_eq!(line(&out, "in_force"), ece_line("0x0"), "{out}");
+
+    // Clients: an old one (REQ kind 1), and one of a vendor whose bit 0 means something else.
+    for (i, (req, want_rep, remote)) in [
+        (connect_message(1, None), (2, None), vec!["0x0", "0x0", "0"]),
+        (
+            connect_message(6, Some((0x15b3, 1))),
+            (7, Some((0x4652_4345, 0))),
+            vec!["0x15b3", "0x1", "0"],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = 19111 + i as u16;
+        let mut server = ece_run(&["server", &port.to_string(), "nodata"], true)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_listening(port, &mut server);
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(limit).unwrap();
+        s.write_all(&req).unwrap();
+        let rep = read_connect(&mut s);
+        s.write_all(b"FRCMFRCM").unwrap();
+        let o = wait_with_timeout(server, Duration::from_secs(60));
+        drop(s);
+        let out = text(&o);
+        assert!(o.status.success(), "{out}");
+        assert_eq!(rep, want_rep, "the REP to {req:?}");
+        assert_eq!(line(&out, "remote_ece"), remote);
+        assert_eq!(line(&out, "in_force"), ece_line("0x0"), "{out}");
+    }
 }
 
 /// UD: rdma-core's `ibv_ud_pingpong` and perftest's `-c UD` between two processes, datagrams

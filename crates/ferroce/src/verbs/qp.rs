@@ -278,6 +278,13 @@ impl QueuePair {
         self.shared.qp.lock().set_selective_repeat(on);
     }
 
+    /// Whether selective repeat is on for this QP (see
+    /// [`set_selective_repeat`](Self::set_selective_repeat)): what a connection negotiated, for
+    /// those that report it (the drop-in libibverbs' `ibv_query_ece`).
+    pub fn selective_repeat(&self) -> bool {
+        self.shared.qp.lock().selective_repeat()
+    }
+
     /// Sets this QP's congestion control (the context's
     /// [`crate::ContextOptions::congestion`] by default); the window starts over.
     pub fn set_congestion_control(&self, config: ferroce_proto::CcConfig) {
