@@ -131,6 +131,8 @@ pub struct QueuePair {
     pub(crate) resp: Responder,
     /// Requests kept ahead of a gap (selective repeat only).
     reorder: ReorderBuffer,
+    /// The caller's cap on the sending rate ([`Self::set_rate_cap`]).
+    rate_cap: Option<u64>,
     completions: CompletionQueue,
     counters: Counters,
     /// DCQCN's notification point: whether a CNP is owed to the peer.
@@ -166,6 +168,7 @@ impl QueuePair {
             req: Requester::default(),
             resp: Responder::default(),
             reorder: ReorderBuffer::default(),
+            rate_cap: None,
             completions: VecDeque::new(),
             counters: Counters::default(),
             np: NotificationPoint::default(),
@@ -397,7 +400,7 @@ impl QueuePair {
     /// Caps the rate at which data packets leave (bytes per second), or lifts the cap: the
     /// hook for an ECN reaction point.
     pub fn set_rate_cap(&mut self, cap: Option<u64>) {
-        self.req.set_rate_cap(cap);
+        self.rate_cap = cap;
     }
 
     fn enter_error(&mut self) {
@@ -546,6 +549,9 @@ impl QueuePair {
                 break;
             }
         }
+        // A READ moves the expected PSN past all its response PSNs: anything kept there is
+        // no request of the peer's and would otherwise stay (and come back after a wrap).
+        self.reorder.drop_before(self.resp.expected_psn());
         if !self.serves_requests() {
             self.reorder.clear();
         } else if !self.reorder.is_empty() {
@@ -600,7 +606,9 @@ impl QueuePair {
             return Ok(false);
         }
         let ahead = repr.bth.psn.signed_distance_from(self.resp.expected_psn());
-        if !is_response && ahead > 0 && self.params.selective_repeat {
+        // Only what could be a packet of this path is kept: the buffer is bounded in bytes too.
+        let fits = repr.payload_len <= self.params.mtu as usize;
+        if !is_response && ahead > 0 && self.params.selective_repeat && fits {
             match self
                 .reorder
                 .hold(self.resp.expected_psn(), repr.bth.psn, bytes)
@@ -699,8 +707,13 @@ impl QueuePair {
         };
         // Responses first: they free the peer's resources and carry its completions.
         let mut out = self.resp.poll_transmit(&mut ctx, buf);
-        // DCQCN's rate caps the requester's pacer (the window's own rate may be lower).
-        self.req.set_rate_cap(self.rp.rate_bytes_per_sec(now));
+        // DCQCN's rate and the caller's cap bound the requester's pacer (the window's own rate
+        // may be lower).
+        let cap = [self.rp.rate_bytes_per_sec(now), self.rate_cap]
+            .into_iter()
+            .flatten()
+            .min();
+        self.req.set_rate_cap(cap);
         if out.is_none() && matches!(self.state, QpState::Rts | QpState::Sqd) {
             out = self
                 .req

@@ -87,6 +87,26 @@ impl ReorderBuffer {
         }
     }
 
+    /// Drops every packet kept for a PSN before `expected` (skipped over, never to be taken).
+    pub fn drop_before(&mut self, expected: Psn) {
+        if self.held == 0 {
+            return;
+        }
+        for slot in &mut self.slots {
+            let stale = slot
+                .as_ref()
+                .is_some_and(|(p, _)| Psn::new(*p).signed_distance_from(expected) < 0);
+            if stale {
+                if let Some((_, b)) = slot.take() {
+                    self.held -= 1;
+                    if self.spare.len() < 64 {
+                        self.spare.push(b);
+                    }
+                }
+            }
+        }
+    }
+
     /// Drops every packet kept.
     pub fn clear(&mut self) {
         if self.held == 0 {
@@ -137,6 +157,18 @@ mod tests {
         assert_eq!(b.take(e.add(1)), None);
         assert_eq!(b.take(e.add(20)).as_deref(), Some(&b"twenty"[..]));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn packets_skipped_over_are_dropped() {
+        let mut b = ReorderBuffer::default();
+        let e = Psn::new(10);
+        for k in [2, 3, 9] {
+            b.hold(e, e.add(k), &[k as u8]).unwrap();
+        }
+        b.drop_before(e.add(4));
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.take(e.add(9)).as_deref(), Some(&[9u8][..]));
     }
 
     #[test]

@@ -223,6 +223,8 @@ fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkC
 #[derive(Debug, Clone, Copy, Default)]
 struct Stamp {
     psn: u32,
+    /// The slot holds a stamp (`Instant::ZERO` is a time like any other).
+    valid: bool,
     /// When it last left.
     at: Instant,
     /// It asked for an acknowledgement (only those answer without delay).
@@ -315,10 +317,11 @@ pub(crate) struct Requester {
     /// undo does).
     rto_undo: Option<(Instant, Controller)>,
     /// Extra floor of the fast timeout learnt from spurious ones: a timeout found spurious
-    /// doubles it (up to the IBTA timeout), a second without one halves it. On a host where
+    /// doubles it, a second without one halves it. On a host where
     /// the peer's engine can be off the CPU for milliseconds (two cores, busy), a fixed
     /// sub-millisecond floor would resend a window at every such stall; the RTT samples
-    /// cannot learn it, since the resend hides the stall from them (Karn's rule).
+    /// cannot learn it, since the resend hides the stall from them (Karn's rule). At most
+    /// [`MAX_RTO_FLOOR`].
     rto_floor: Duration,
     /// When `rto_floor` last changed.
     rto_floor_at: Instant,
@@ -349,6 +352,7 @@ impl Requester {
 
     /// Changes the congestion control (the window starts over).
     pub fn set_congestion_control(&mut self, config: CcConfig) {
+        self.rto_undo = None;
         if self.cc.is_some() {
             self.cc = Some(Controller::new(config, MAX_UNACKED_PSNS));
         }
@@ -430,7 +434,9 @@ impl Requester {
             .resend
             .front()
             .map(|&(_, due)| due)
-            .filter(|_| self.rnr_until.is_none());
+            .filter(|_| self.rnr_until.is_none())
+            // A resend due while the pacer holds it leaves when the pacer lets it.
+            .map(|due| self.paced_until.map_or(due, |p| due.max(p)));
         [
             self.timer,
             self.rnr_until,
@@ -472,9 +478,10 @@ impl Requester {
             self.stamps = vec![Stamp::default(); MAX_UNACKED_PSNS as usize];
         }
         let s = &mut self.stamps[(psn.value() % MAX_UNACKED_PSNS) as usize];
-        let resent = s.psn == psn.value() && s.at != Instant::ZERO;
+        let resent = s.valid && s.psn == psn.value();
         *s = Stamp {
             psn: psn.value(),
+            valid: true,
             at: now,
             asked,
             resent,
@@ -484,7 +491,7 @@ impl Requester {
     fn stamp_of(&self, psn: Psn) -> Option<Stamp> {
         self.stamps
             .get((psn.value() % MAX_UNACKED_PSNS) as usize)
-            .filter(|s| s.psn == psn.value() && s.at != Instant::ZERO)
+            .filter(|s| s.valid && s.psn == psn.value())
             .copied()
     }
 
@@ -498,7 +505,14 @@ impl Requester {
         let Some((fired, _)) = &self.rto_undo else {
             return;
         };
-        let original = self.stamp_of(psn).is_some_and(|s| s.at < *fired);
+        // Judged by the oldest PSN this acknowledges (`una`, which the timeout resent at
+        // once): the original got through if `una` was not resent yet, or if this comes too
+        // soon after the resend to answer it (under half the minimum RTT). The PSN the ACK
+        // names may be a kept packet's, drained once the resend filled the hole.
+        let min_rtt = self.rtt.min_rtt();
+        let original = self.stamp_of(self.una).is_some_and(|s| {
+            s.at < *fired || (s.resent && now.saturating_since(s.at) < min_rtt / 2)
+        });
         let Some((_, saved)) = self.rto_undo.take() else {
             return;
         };
@@ -604,6 +618,8 @@ impl Requester {
         if let Some(i) = first {
             self.cursor = self.cursor.min(i);
         }
+        // Everything from `psn` on goes again anyway.
+        self.resend.clear();
         self.gone_back_to = Some(psn);
     }
 
@@ -1092,21 +1108,10 @@ impl Requester {
             self.force_ack_req = false;
             self.sq[i].sent = saved.0;
             (self.since_ack_req, self.unasked_messages) = (saved.1, saved.2);
-            match res {
-                Ok(n) => {
-                    ctx.counters.sr_retransmits += 1;
-                    if self.timer.is_none() {
-                        self.arm(p, now);
-                    }
-                    return Some(n);
-                }
-                Err(status) => {
-                    self.sq[i].result = Some(status);
-                    ctx.fatal = true;
-                    self.retire(p, ctx.counters, cq);
-                    return None;
-                }
+            if res.is_ok() {
+                ctx.counters.sr_retransmits += 1;
             }
+            return self.sent_or_failed(ctx, now, i, res, cq);
         }
         loop {
             let i = self.cursor;
@@ -1162,19 +1167,33 @@ impl Requester {
                 }
             }
             let res = self.build(ctx, now, i, buf);
-            match res {
-                Ok(n) => {
-                    if self.timer.is_none() {
-                        self.arm(p, now);
-                    }
-                    return Some(n);
+            return self.sent_or_failed(ctx, now, i, res, cq);
+        }
+    }
+
+    /// What `poll_transmit` returns for request `i`'s packet built as `res`: its length (the
+    /// timers armed if they were not), or nothing when the request failed to build (it
+    /// completes in error, and the QP goes to ERR).
+    fn sent_or_failed(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+        i: usize,
+        res: Result<usize, WcStatus>,
+        cq: &mut CompletionQueue,
+    ) -> Option<usize> {
+        match res {
+            Ok(n) => {
+                if self.timer.is_none() {
+                    self.arm(ctx.p, now);
                 }
-                Err(status) => {
-                    self.sq[i].result = Some(status);
-                    ctx.fatal = true;
-                    self.retire(p, ctx.counters, cq);
-                    return None;
-                }
+                Some(n)
+            }
+            Err(status) => {
+                self.sq[i].result = Some(status);
+                ctx.fatal = true;
+                self.retire(ctx.p, ctx.counters, cq);
+                None
             }
         }
     }

@@ -71,7 +71,7 @@ fn four_flows_through_a_gigabit_tbf_keep_every_promise() {
 #[test]
 fn sixteen_flows_through_a_gigabit_tbf_keep_every_promise() {
     let r = run(&config(16, 16, 1024));
-    assert_controlled(&r, 0.85, 0.95, Duration::from_micros(1_300), 0.05);
+    assert_controlled(&r, 0.85, 0.95, Duration::from_micros(1_300), 0.08);
 }
 
 /// 32 KiB each: with more, flows that start into a queue the others already filled take the
