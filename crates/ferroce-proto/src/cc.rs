@@ -95,6 +95,11 @@ pub const INITIAL_WINDOW: f64 = 16.0;
 /// of thousands of flows; here that floor made a QP through 5 % loss, whose timeouts drove
 /// it there, crawl at one packet per hundred round trips.)
 pub const MIN_WINDOW: f64 = 0.5;
+/// The smallest window a loss found by a NAK leaves: a window of a packet or two has no later
+/// packet to reveal the next hole, so every further loss waits for a timeout. Beside TCP
+/// filling a drop-tail queue (several per cent of packets dropped), halving to the minimum on
+/// each loss left a stream a sixth of what this floor leaves it. Timeouts still go lower.
+pub const LOSS_FLOOR: f64 = 4.0;
 /// Largest fraction one decrease takes off the window.
 pub const MAX_DECREASE: f64 = 0.5;
 /// How strongly the window answers delay above target (Swift's β).
@@ -245,10 +250,12 @@ impl Controller {
         }
     }
 
-    /// A packet was found lost (a NAK or a gap in READ answers): halve, once per round trip.
+    /// A packet was found lost (a NAK or a gap in READ answers): halve, once per round trip,
+    /// but not below [`LOSS_FLOOR`] packets.
     pub fn on_loss(&mut self, now: Instant, srtt: Duration) {
-        if self.enabled() && self.may_decrease(now, srtt) {
-            self.decrease(now, 1.0 - MAX_DECREASE);
+        if self.enabled() && self.may_decrease(now, srtt) && self.cwnd > LOSS_FLOOR {
+            let factor = (1.0 - MAX_DECREASE).max(LOSS_FLOOR / self.cwnd);
+            self.decrease(now, factor);
         }
     }
 
@@ -309,6 +316,11 @@ mod tests {
         assert_eq!(c.cwnd(), 8.0);
         c.on_loss(at(100), us(100));
         assert_eq!(c.cwnd(), 4.0);
+        // Losses stop at the floor; timeouts go lower.
+        c.on_loss(at(200), us(100));
+        assert_eq!(c.cwnd(), LOSS_FLOOR);
+        c.on_timeout(at(300));
+        assert_eq!(c.cwnd(), LOSS_FLOOR / 2.0);
     }
 
     #[test]
