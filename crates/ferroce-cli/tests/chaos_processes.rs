@@ -10,8 +10,16 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Every process runs without congestion control (`FERROCE_CC=off`): these cases check that
+/// recovery keeps every promise under extreme faults, and through the relay's loss, delay and
+/// reordering the delay-based window keeps a few packets in flight and waits out most losses
+/// in timeouts (a 16 MiB READ at 20 % loss takes minutes; a known gap of issue #29).
+/// Congestion control under faults is checked for correctness in ferroce-proto's scenario
+/// suites, where it is on.
 fn ferroce() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferroce"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+    c.env("FERROCE_CC", "off");
+    c
 }
 
 /// Waits for `child` at most `limit`, killing it past that.
@@ -270,11 +278,6 @@ fn perf_loopback_chaos_shows_what_loss_does() {
             "--json",
             "--qp-timeout",
             "10",
-            // Congestion control through the relay's loss, reordering and delay keeps the
-            // window at a few packets, and most losses then wait for a timeout: the 200
-            // messages take about 30 s, not 2.
-            "--timeout",
-            "90",
             "--chaos",
             "loss=0.05,reorder=0.05,duplicate=0.02,corrupt=0.01,delay_ms=0.2,seed=7",
         ])
