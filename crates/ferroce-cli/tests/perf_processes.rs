@@ -692,7 +692,21 @@ fn packets_captured_on_the_wire_carry_correct_icrcs() {
         done.status,
         String::from_utf8_lossy(&done.stderr)
     );
-    let (out, roce, good) = decode_icrcs(&file, &[&server_roce, &client_roce]);
+    let (out, _, _) = decode_icrcs(&file, &[&server_roce, &client_roce]);
+    // A capture on `lo` sees a GSO send whole, before any segmentation (loopback never
+    // segments it; the receiving socket checks each segment): such a "packet" is longer than
+    // the path MTU and its trailing bytes are no ICRC. A resend of several WRITEs after a fast
+    // retransmission timeout leaves that way. Only single packets are judged.
+    let single: Vec<serde_json::Value> = json_lines(&out)
+        .into_iter()
+        .filter(|v| v.get("skipped").is_none())
+        .filter(|v| v["payload_len"].as_u64().is_some_and(|n| n <= 4096))
+        .collect();
+    let roce = single.len();
+    let good = single
+        .iter()
+        .filter(|v| v["icrc_ok"] == serde_json::Value::Bool(true))
+        .count();
     assert!(
         roce >= 100 && good == roce,
         "{good} of {roce} packets on the wire carry a correct ICRC:\n{}",
