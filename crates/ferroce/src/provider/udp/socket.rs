@@ -60,8 +60,8 @@ pub(super) fn bind(addr: SocketAddr, rcvbuf: usize, tos: u8) -> std::io::Result<
 /// it agreed. An IPv6 socket is asked for both: it receives IPv4 datagrams from IPv4-mapped
 /// sources with the IPv4 option's TOS.
 pub(super) fn receive_tos(fd: RawFd, ipv6: bool) -> bool {
-    let v4 = set_fd_int_opt(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
-    let v6 = ipv6 && set_fd_int_opt(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1);
+    let v4 = super::sys::set_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+    let v6 = ipv6 && super::sys::set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1);
     v4 || v6
 }
 
@@ -76,19 +76,5 @@ fn set_pmtudisc_do(s: &Socket) {
 
 /// Sets an integer socket option; returns whether the kernel accepted it.
 fn set_int_opt(s: &Socket, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
-    set_fd_int_opt(s.as_raw_fd(), level, name, v)
-}
-
-/// Sets an integer socket option on a descriptor; returns whether the kernel accepted it.
-fn set_fd_int_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
-    // SAFETY: passes a pointer to a live c_int and its size, as integer options expect.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+    super::sys::set_int(s.as_raw_fd(), level, name, v)
 }

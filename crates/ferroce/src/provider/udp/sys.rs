@@ -352,7 +352,7 @@ struct Control {
 }
 
 /// Sets an integer socket option on `fd`; returns whether the kernel accepted it.
-fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
+pub(super) fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> bool {
     // SAFETY: passes a pointer to a live c_int and its size, as integer options expect.
     unsafe {
         libc::setsockopt(
