@@ -8,7 +8,7 @@
 //! The calls are made as a C program makes them: the library's exported functions, linked from
 //! the crate's rlib, and the `ctx->ops` calls the inline ones of `<infiniband/verbs.h>` make.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ferroce_ibverbs::abi::*;
@@ -247,6 +247,11 @@ fn pair(give_a: Option<ibv_ece>, give_b: Option<ibv_ece>) -> (*mut ibv_qp, *mut 
 
 /// Sends a few bytes from `from` to `to` and waits for both completions (the QPs work).
 fn send_and_receive(from: *mut ibv_qp, to: *mut ibv_qp) {
+    // The tests share one CQ and one buffer and run on parallel threads: without this lock one
+    // test's poll takes another's completions (CI saw the SEND's completion without the
+    // RECV's, which a sibling test had drained).
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let d = dev();
     // SAFETY: the shared registered buffer; its second half receives.
     let lkey = unsafe { (*(d.mr as *mut ibv_mr)).lkey };
@@ -296,6 +301,8 @@ fn send_and_receive(from: *mut ibv_qp, to: *mut ibv_qp) {
             seen.push(w.wr_id);
         }
     }
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2], "the SEND's and the RECV's completion, once each");
 }
 
 fn destroy(qps: &[*mut ibv_qp]) {
