@@ -53,7 +53,8 @@ echo "== cargo test"
 # builds only when asked for the crate itself (not for its tests): build it in the test profile
 # first, so it lands beside the test binaries (target/debug).
 cargo build --profile test -p ferroce-ibverbs
-cargo test --workspace --all-targets
+# --no-fail-fast: a red run names every failing test binary, not just the first.
+cargo test --workspace --all-targets --no-fail-fast
 cargo test --workspace --doc
 echo "== python package (pip install ./python, pytest)"
 scripts/test-python.sh
