@@ -302,7 +302,11 @@ fn send_and_receive(from: *mut ibv_qp, to: *mut ibv_qp) {
         }
     }
     seen.sort_unstable();
-    assert_eq!(seen, [1, 2], "the SEND's and the RECV's completion, once each");
+    assert_eq!(
+        seen,
+        [1, 2],
+        "the SEND's and the RECV's completion, once each"
+    );
 }
 
 fn destroy(qps: &[*mut ibv_qp]) {
