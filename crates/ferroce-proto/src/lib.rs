@@ -21,6 +21,7 @@ pub mod reorder;
 pub mod requester;
 pub mod responder;
 pub mod rtt;
+pub mod sack;
 pub mod sim;
 pub mod time;
 pub mod wr;

@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 
 use ferroce_wire::opcode::Operation;
-use ferroce_wire::{PacketRepr, Psn, RocePacket, WireError};
+use ferroce_wire::{Opcode, PacketRepr, Psn, RocePacket, WireError};
 
 use crate::attr::{
     ack_timeout, InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr, MAX_MESSAGE_LEN,
@@ -36,7 +36,7 @@ use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::counters::Counters;
 use crate::dcqcn::{Dcqcn, NotificationPoint, MIN_TIME_BETWEEN_CNPS};
 use crate::memory::{Access, Memory};
-use crate::reorder::ReorderBuffer;
+use crate::reorder::{NotHeld, ReorderBuffer};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::time::Instant;
@@ -131,6 +131,8 @@ pub struct QueuePair {
     pub(crate) resp: Responder,
     /// Requests kept ahead of a gap (selective repeat only).
     reorder: ReorderBuffer,
+    /// The responder owes its peer a SACK (selective repeat; see [`crate::sack`]).
+    sack_due: bool,
     /// The caller's cap on the sending rate ([`Self::set_rate_cap`]).
     rate_cap: Option<u64>,
     completions: CompletionQueue,
@@ -168,6 +170,7 @@ impl QueuePair {
             req: Requester::default(),
             resp: Responder::default(),
             reorder: ReorderBuffer::default(),
+            sack_due: false,
             rate_cap: None,
             completions: VecDeque::new(),
             counters: Counters::default(),
@@ -527,7 +530,7 @@ impl QueuePair {
         ce: bool,
     ) -> Result<(), WireError> {
         let expected = self.resp.expected_psn();
-        let at_expected = self.handle_one(now, mem, bytes, ce)?;
+        let at_expected = self.handle_one(now, mem, bytes, ce, false)?;
         if !self.params.selective_repeat || self.reorder.is_empty() {
             return Ok(());
         }
@@ -542,7 +545,7 @@ impl QueuePair {
             let Some(kept) = self.reorder.take(next) else {
                 break;
             };
-            let r = self.handle_one(now, mem, &kept, false);
+            let r = self.handle_one(now, mem, &kept, false, true);
             self.reorder.recycle(kept);
             if r.is_err() || self.resp.expected_psn() == next {
                 self.reorder.clear();
@@ -561,7 +564,8 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Handles one packet (marked CE if `ce`); returns whether it was a request at the expected
+    /// Handles one packet (marked CE if `ce`; one kept in the reorder buffer and fed back now
+    /// if `kept`, counted when it arrived); returns whether it was a request at the expected
     /// PSN.
     fn handle_one(
         &mut self,
@@ -569,6 +573,7 @@ impl QueuePair {
         mem: &mut dyn Memory,
         bytes: &[u8],
         ce: bool,
+        kept: bool,
     ) -> Result<bool, WireError> {
         let pkt = RocePacket::new_checked(bytes)?;
         let repr = PacketRepr::parse(&pkt)?;
@@ -591,8 +596,14 @@ impl QueuePair {
         }
         let is_response = matches!(
             info.operation,
-            Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse
+            Operation::Acknowledge
+                | Operation::AtomicAcknowledge
+                | Operation::RdmaReadResponse
+                | Operation::SelectiveAck
         );
+        // ferroce's SACK is taken only from a peer that negotiated selective repeat.
+        let transport_ok = info.transport == ferroce_wire::opcode::Transport::Rc
+            || (info.operation == Operation::SelectiveAck && self.params.selective_repeat);
         let serves = if is_response {
             matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
         } else {
@@ -601,24 +612,36 @@ impl QueuePair {
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
             )
         };
-        if !serves || info.transport != ferroce_wire::opcode::Transport::Rc {
+        if !serves || !transport_ok {
             self.counters.dropped_bad_state += 1;
             return Ok(false);
         }
         let ahead = repr.bth.psn.signed_distance_from(self.resp.expected_psn());
         // Only what could be a packet of this path is kept: the buffer is bounded in bytes too.
         let fits = repr.payload_len <= self.params.mtu as usize;
-        if !is_response && ahead > 0 && self.params.selective_repeat && fits {
+        if !is_response && ahead > 0 && self.params.selective_repeat && fits && !kept {
             match self
                 .reorder
                 .hold(self.resp.expected_psn(), repr.bth.psn, bytes)
             {
-                Ok(()) => self.counters.ooo_held += 1,
-                Err(_) => self.counters.ooo_dropped += 1,
+                Ok(()) => {
+                    self.counters.ooo_held += 1;
+                    self.sack_due = true;
+                }
+                Err(NotHeld::Duplicate) => {
+                    // Sent again (a resend or a probe): the requester wants the news.
+                    self.counters.ooo_dropped += 1;
+                    self.sack_due = true;
+                }
+                Err(NotHeld::OutOfReach) => self.counters.ooo_dropped += 1,
             }
         }
-        self.counters.rcvd_pkts += 1;
-        self.counters.rcvd_bytes += repr.payload_len as u64;
+        if !kept {
+            self.counters.rcvd_pkts += 1;
+            if info.operation != Operation::SelectiveAck {
+                self.counters.rcvd_bytes += repr.payload_len as u64;
+            }
+        }
         let mut ctx = Ctx {
             p: &self.params,
             state: self.state,
@@ -707,6 +730,28 @@ impl QueuePair {
         };
         // Responses first: they free the peer's resources and carry its completions.
         let mut out = self.resp.poll_transmit(&mut ctx, buf);
+        if out.is_none() && self.sack_due {
+            // Built now, so it names everything kept up to this moment.
+            self.sack_due = false;
+            let serves = matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            );
+            if self.params.selective_repeat && serves && !self.reorder.is_empty() {
+                let expected = self.resp.expected_psn();
+                let map = self.reorder.bitmap(expected);
+                out = crate::sack::emit(
+                    buf,
+                    &self.params,
+                    expected,
+                    self.resp.msn(),
+                    crate::sack::trimmed(&map),
+                );
+                if out.is_some() {
+                    ctx.counters.sacks_sent += 1;
+                }
+            }
+        }
         // DCQCN's rate and the caller's cap bound the requester's pacer (the window's own rate
         // may be lower).
         let cap = [self.rp.rate_bytes_per_sec(now), self.rate_cap]
@@ -726,7 +771,10 @@ impl QueuePair {
             // Made just now by this QP, so well formed: no second validation, only the
             // header length its opcode implies.
             let p = RocePacket::new_unchecked(&buf[..n]);
-            self.counters.sent_bytes += p.payload_len() as u64;
+            if p.opcode() != Opcode::FERROCE_SACK {
+                // A SACK's bitmap is no payload of the peer's.
+                self.counters.sent_bytes += p.payload_len() as u64;
+            }
         }
         if fatal {
             self.enter_error();

@@ -80,6 +80,25 @@ impl ReorderBuffer {
         None
     }
 
+    /// Which PSNs after `expected` are kept, as a SACK carries them (see [`crate::sack`]): bit
+    /// `i % 8` of byte `i / 8` for `expected + 1 + i`.
+    pub fn bitmap(&self, expected: Psn) -> [u8; crate::sack::SACK_BITMAP_BYTES] {
+        let mut map = [0u8; crate::sack::SACK_BITMAP_BYTES];
+        if self.held == 0 {
+            return map;
+        }
+        for i in 0..REORDER_CAPACITY - 1 {
+            let psn = expected.add(1 + i);
+            let kept = self.slots[(psn.value() % REORDER_CAPACITY) as usize]
+                .as_ref()
+                .is_some_and(|(p, _)| *p == psn.value());
+            if kept {
+                map[i as usize / 8] |= 1 << (i % 8);
+            }
+        }
+        map
+    }
+
     /// Returns a buffer from [`Self::take`] for reuse.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if self.spare.len() < 64 {
@@ -157,6 +176,25 @@ mod tests {
         assert_eq!(b.take(e.add(1)), None);
         assert_eq!(b.take(e.add(20)).as_deref(), Some(&b"twenty"[..]));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn the_bitmap_marks_what_is_kept_after_the_expected_psn() {
+        let mut b = ReorderBuffer::default();
+        let e = Psn::new(0xff_fffa);
+        assert_eq!(b.bitmap(e), [0; crate::sack::SACK_BITMAP_BYTES]);
+        for k in [1, 3, 9, REORDER_CAPACITY - 1] {
+            b.hold(e, e.add(k), b"x").unwrap();
+        }
+        let map = b.bitmap(e);
+        let set: Vec<u32> = (0..REORDER_CAPACITY)
+            .filter(|&i| map[i as usize / 8] & (1 << (i % 8)) != 0)
+            .collect();
+        assert_eq!(set, [0, 2, 8, REORDER_CAPACITY - 2]);
+        let holes: Vec<Psn> = crate::sack::holes(e.sub(1), crate::sack::trimmed(&map)).collect();
+        let mut want = vec![e, e.add(2)];
+        want.extend((4..9).chain(10..REORDER_CAPACITY - 1).map(|k| e.add(k)));
+        assert_eq!(holes, want);
     }
 
     #[test]

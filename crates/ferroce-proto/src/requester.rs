@@ -88,6 +88,7 @@ use crate::pacer::{window_rate, Pacer};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
 use crate::responder::{walk_sges, UNASKED_ACK_DELAY};
 use crate::rtt::RttEstimator;
+use crate::sack::{self, MAX_HOLES_PER_SACK};
 use crate::time::Instant;
 use crate::wr::{SendOp, SendWr};
 use core::time::Duration;
@@ -330,11 +331,31 @@ pub(crate) struct Requester {
     /// The peer keeps packets that arrive after a gap (negotiated): a sequence-error NAK then
     /// means "this PSN is missing", and only it is sent again.
     selective: bool,
-    /// PSNs to send again one by one (selective repeat), before new packets.
-    resend: VecDeque<(Psn, Instant)>,
+    /// PSNs to send again one by one (selective repeat), before new packets, each when it is
+    /// due.
+    resend: VecDeque<Resend>,
+    /// When to send a tail-loss probe (selective repeat): two round trips after the last
+    /// progress or first send, if no acknowledgement came meanwhile.
+    tlp_timer: Option<Instant>,
+    /// A tail-loss probe has been sent since the last progress (one per episode).
+    tlp_sent: bool,
     /// The next packet built asks for an acknowledgement whatever the rules say.
     force_ack_req: bool,
 }
+
+/// A packet queued to be sent again alone (selective repeat).
+#[derive(Debug, Clone, Copy)]
+struct Resend {
+    psn: Psn,
+    /// When it may leave: after RACK's reordering wait for a reported hole, at once for a probe.
+    due: Instant,
+    /// A tail-loss probe (news wanted, no loss known), not a hole the peer reported.
+    probe: bool,
+}
+
+/// Smallest wait before a tail-loss probe: below it, an ACK the peer's engine has not yet
+/// sent (it batches its answers) would look lost.
+const TLP_MIN: Duration = Duration::from_micros(200);
 
 /// How many retired scatter/gather lists a requester keeps for reuse.
 const SPARE_SGLS: usize = 16;
@@ -363,6 +384,7 @@ impl Requester {
         self.selective = on;
         if !on {
             self.resend.clear();
+            self.tlp_timer = None;
         }
     }
 
@@ -433,7 +455,7 @@ impl Requester {
         let resend = self
             .resend
             .front()
-            .map(|&(_, due)| due)
+            .map(|r| r.due)
             .filter(|_| self.rnr_until.is_none())
             // A resend due while the pacer holds it leaves when the pacer lets it.
             .map(|due| self.paced_until.map_or(due, |p| due.max(p)));
@@ -441,6 +463,7 @@ impl Requester {
             self.timer,
             self.rnr_until,
             self.rto_timer,
+            self.tlp_timer,
             self.paced_until,
             resend,
         ]
@@ -549,6 +572,39 @@ impl Requester {
     fn arm(&mut self, p: &Params, now: Instant) {
         self.timer = ack_timeout(p.timeout).map(|d| now + d);
         self.arm_rto(p, now);
+        self.arm_tlp(now);
+    }
+
+    /// Arms the tail-loss probe (RACK-TLP, RFC 8985): toward a selective-repeat peer, once
+    /// the RTT is known and no probe was sent since the last progress, two smoothed round
+    /// trips from now (plus the peer's delay for an unasked acknowledgement).
+    fn arm_tlp(&mut self, now: Instant) {
+        self.tlp_timer = None;
+        if !self.selective || self.tlp_sent {
+            return;
+        }
+        let Some(srtt) = self.rtt.srtt() else { return };
+        let mut pto = (2 * srtt).max(TLP_MIN);
+        if self.last_unasked {
+            pto += UNASKED_ACK_DELAY;
+        }
+        self.tlp_timer = Some(now + pto);
+    }
+
+    /// The newest packet sent that a probe may repeat: the last sent PSN of the newest SEND or
+    /// WRITE under way, if that is the newest request under way (a READ or atomic after it is
+    /// left to the retransmission timeout).
+    fn probe_psn(&self) -> Option<Psn> {
+        let w = self
+            .sq
+            .iter()
+            .rev()
+            .find(|w| w.started && w.result.is_none())?;
+        if w.wr.op.is_read_or_atomic() || w.high_sent <= w.acked {
+            return None;
+        }
+        let psn = w.first_psn.add(w.high_sent - 1);
+        self.resendable(psn).map(|_| psn)
     }
 
     fn any_outstanding(&self) -> bool {
@@ -587,6 +643,7 @@ impl Requester {
         self.timer = None;
         self.rnr_until = None;
         self.rto_timer = None;
+        self.tlp_timer = None;
         self.paced_until = None;
         self.resend.clear();
     }
@@ -715,6 +772,7 @@ impl Requester {
             self.rto_floor_at = now;
         }
         self.window_una = self.una;
+        self.tlp_sent = false;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
         self.gone_back_to = None;
@@ -723,6 +781,7 @@ impl Requester {
         } else {
             self.timer = None;
             self.rto_timer = None;
+            self.tlp_timer = None;
         }
     }
 
@@ -790,6 +849,12 @@ impl Requester {
         payload: &[u8],
         cq: &mut CompletionQueue,
     ) {
+        if repr.bth.opcode == Opcode::FERROCE_SACK {
+            // Its PSN is the last one received in order, which may be just before `una`.
+            self.sack(ctx, now, repr, payload);
+            self.retire(ctx.p, ctx.counters, cq);
+            return;
+        }
         let psn = repr.bth.psn;
         // Only PSNs in [una, next_psn) can be answered.
         if psn.is_before(self.una) || !psn.is_before(self.next_psn) {
@@ -820,6 +885,7 @@ impl Requester {
                             self.rnr_until = Some(now + wait);
                             self.timer = None;
                             self.rto_timer = None;
+                            self.tlp_timer = None;
                             self.resend.clear();
                             self.go_back(psn);
                             self.gone_back_to = None;
@@ -1023,7 +1089,26 @@ impl Requester {
         if self.paced_until.is_some_and(|t| t <= now) {
             self.paced_until = None;
         }
+        if self.tlp_timer.is_some_and(|t| t <= now) {
+            self.tlp_timer = None;
+            let psn = self.probe_psn().filter(|_| self.rnr_until.is_none());
+            if let Some(psn) = psn.filter(|_| !self.tlp_sent) {
+                // The newest packet again: if anything before it was lost, the peer keeps it
+                // (or has it) and its SACK names every hole; if only the ACK was lost, the
+                // duplicate is acknowledged again.
+                self.tlp_sent = true;
+                counters.tail_loss_probes += 1;
+                if !self.resend.iter().any(|r| r.psn == psn) {
+                    self.resend.push_front(Resend {
+                        psn,
+                        due: now,
+                        probe: true,
+                    });
+                }
+            }
+        }
         if self.timer.is_some_and(|t| t <= now) {
+            self.tlp_timer = None;
             self.timer = None;
             if !self.any_outstanding() {
                 self.rto_timer = None;
@@ -1044,6 +1129,7 @@ impl Requester {
             // timeout does, without spending the retry budget (the IBTA timer above still
             // runs from the last progress and spends it).
             self.rto_timer = None;
+            self.tlp_timer = None;
             if self.any_outstanding() && self.rnr_until.is_none() {
                 counters.rto_fired += 1;
                 self.rto_backoff = self.rto_backoff.saturating_add(1);
@@ -1084,7 +1170,7 @@ impl Requester {
         let p = ctx.p;
         let mtu = p.mtu;
         // Selective repeat: the holes the peer reported go first, one packet each.
-        while let Some(&(psn, due)) = self.resend.front() {
+        while let Some(&Resend { psn, due, probe }) = self.resend.front() {
             let Some((i, k)) = self.resendable(psn) else {
                 // Acknowledged meanwhile: it was late (reordered), not lost.
                 self.resend.pop_front();
@@ -1094,7 +1180,7 @@ impl Requester {
                 // Not yet (`next_timeout` names the moment); new packets may go meanwhile.
                 break;
             }
-            if !self.stamp_of(psn).is_some_and(|s| s.resent) {
+            if !probe && !self.stamp_of(psn).is_some_and(|s| s.resent) {
                 // Lost for certain now: the window answers once per round trip.
                 let srtt = self.srtt();
                 if let Some(cc) = self.cc.as_mut() {
@@ -1192,6 +1278,9 @@ impl Requester {
             Ok(n) => {
                 if self.timer.is_none() {
                     self.arm(ctx.p, now);
+                } else {
+                    // The probe waits for two round trips after the newest packet (RFC 8985).
+                    self.arm_tlp(now);
                 }
                 Some(n)
             }
@@ -1220,16 +1309,14 @@ impl Requester {
     /// Takes a sequence-error NAK for `psn` as one lost packet when the peer keeps what
     /// arrived after it (selective repeat): queues `psn` alone to be sent again. Returns
     /// `false` when go-back-N must handle it instead (no selective repeat, or a READ or atomic).
-    /// A NAK for a hole refilled less than a round trip ago is news already acted on.
+    /// A NAK for a hole refilled less than a round trip ago is news already acted on. Each
+    /// resend a NAK asks for spends the retry budget, as a go-back would (SACKs do not: the
+    /// IBTA timer, which runs from the last progress, bounds a peer that reports holes forever).
     fn resend_one(&mut self, ctx: &mut Ctx<'_>, now: Instant, psn: Psn) -> bool {
         if !self.selective || self.rnr_until.is_some() || self.resendable(psn).is_none() {
             return false;
         }
-        let srtt = self.srtt();
-        let recent = self
-            .stamp_of(psn)
-            .is_some_and(|s| s.resent && now.saturating_since(s.at) < srtt);
-        if recent || self.resend.iter().any(|&(p, _)| p == psn) {
+        if self.resend_pending(now, psn) {
             return true;
         }
         if self.retry_left == 0 {
@@ -1239,12 +1326,63 @@ impl Requester {
             return true;
         }
         self.retry_left -= 1;
-        // A packet that arrived out of order looks lost to the responder the moment a later one
-        // arrives: the resend waits a quarter of the path's minimum RTT (RACK's reordering
-        // window), and is dropped if the packet's acknowledgement comes first.
-        let due = now + self.rtt.min_rtt() / 4;
-        self.resend.push_back((psn, due));
+        self.queue_hole(now, psn);
         true
+    }
+
+    /// Whether a resend of `psn` is queued already, or left less than a round trip ago (so a
+    /// report of the hole is news already acted on).
+    fn resend_pending(&self, now: Instant, psn: Psn) -> bool {
+        let srtt = self.srtt();
+        let recent = self
+            .stamp_of(psn)
+            .is_some_and(|s| s.resent && now.saturating_since(s.at) < srtt);
+        recent || self.resend.iter().any(|r| r.psn == psn)
+    }
+
+    /// Queues the hole `psn` for one resend. A packet that arrived out of order looks lost to
+    /// the responder the moment a later one arrives: the resend waits a quarter of the path's
+    /// minimum RTT (RACK's reordering window), and is dropped if the packet's acknowledgement
+    /// comes first.
+    fn queue_hole(&mut self, now: Instant, psn: Psn) {
+        let due = now + self.rtt.min_rtt() / 4;
+        self.resend.push_back(Resend {
+            psn,
+            due,
+            probe: false,
+        });
+    }
+
+    /// Handles a SACK (see [`crate::sack`]): its cumulative part as an ACK, then every hole it
+    /// names (up to [`MAX_HOLES_PER_SACK`]) queued for one resend.
+    fn sack(&mut self, ctx: &mut Ctx<'_>, now: Instant, repr: &PacketRepr, bitmap: &[u8]) {
+        let last = repr.bth.psn;
+        let end = last.next();
+        // The responder's expected PSN lies in [una, next_psn]; anything else is stale (an
+        // older SACK overtaken) or not a SACK this requester could have caused.
+        if !self.selective || end.is_before(self.una) || end.is_after(self.next_psn) {
+            ctx.counters.duplicate_response += 1;
+            return;
+        }
+        ctx.counters.sacks_rcvd += 1;
+        if end.is_after(self.una) {
+            self.undo_spurious_timeout(ctx.counters, now, last);
+            if !self.ack_before(ctx, now, end) {
+                // A READ or atomic before `end` lost its answer: gone back to it already.
+                return;
+            }
+        }
+        if self.rnr_until.is_some() {
+            return;
+        }
+        for hole in sack::holes(last, bitmap).take(MAX_HOLES_PER_SACK) {
+            if !hole.is_before(self.next_psn) {
+                break;
+            }
+            if self.resendable(hole).is_some() && !self.resend_pending(now, hole) {
+                self.queue_hole(now, hole);
+            }
+        }
     }
 
     /// Whether a data packet of `len` bytes may leave now (see [`crate::pacer`]); if not, when.

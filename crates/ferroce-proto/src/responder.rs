@@ -226,6 +226,11 @@ impl Responder {
         self.epsn
     }
 
+    /// The message sequence number: messages completed so far (mod 2^24).
+    pub fn msn(&self) -> u32 {
+        self.msn
+    }
+
     pub fn rq_len(&self) -> usize {
         self.rq.len() + usize::from(matches!(self.inbound, Some(Inbound::Send { .. })))
     }

@@ -20,6 +20,9 @@ pub enum Transport {
     Ud,
     /// RoCE v2 Congestion Notification Packet.
     Cnp,
+    /// Manufacturer specific (opcodes 0xC0–0xFF): ferroce's own, sent only to a peer that
+    /// negotiated them.
+    Vendor,
 }
 
 /// Extension headers that can follow a BTH, as a bit set, in wire order.
@@ -139,6 +142,9 @@ pub enum Operation {
     FetchAdd,
     /// RoCE v2 Congestion Notification Packet.
     CongestionNotification,
+    /// ferroce's selective acknowledgement (a manufacturer-specific opcode): which packets
+    /// after a gap the responder keeps.
+    SelectiveAck,
 }
 
 /// What the opcode table says about one opcode.
@@ -287,6 +293,10 @@ opcodes! {
     UD_SEND_ONLY_WITH_IMMEDIATE = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, Send, Only, [DETH, IMMDT], true;
     /// RoCE v2 Congestion Notification Packet.
     CNP = 0x81, "CNP", Cnp, CongestionNotification, Only, [CNP_RESERVED], false;
+    /// ferroce's selective acknowledgement, in the manufacturer-specific range (IBTA 9.2:
+    /// opcodes 0xC0–0xFF): an ACK's BTH and AETH, then a bitmap of the PSNs kept after the
+    /// gap. Sent only to a peer that negotiated selective repeat (see ferroce-proto's `sack`).
+    FERROCE_SACK = 0xc0, "FERROCE_SACK", Vendor, SelectiveAck, Only, [AETH], true;
 }
 
 impl Opcode {
@@ -302,6 +312,7 @@ impl Opcode {
             1 => Transport::Uc,
             2 => Transport::Rd,
             3 => Transport::Ud,
+            6 | 7 => Transport::Vendor,
             _ => Transport::Cnp,
         }
     }
@@ -338,8 +349,9 @@ mod tests {
                 assert!(info.position.starts_message(), "{op:?}");
             }
         }
-        // RC 0x00..=0x14 and 0x16, 0x17; UC 0x20..=0x2b; UD 0x64, 0x65; CNP 0x81.
-        assert_eq!(ALL_OPCODES.len(), 23 + 12 + 2 + 1);
+        // RC 0x00..=0x14 and 0x16, 0x17; UC 0x20..=0x2b; UD 0x64, 0x65; CNP 0x81; ferroce's 0xc0.
+        assert_eq!(ALL_OPCODES.len(), 23 + 12 + 2 + 1 + 1);
+        assert_eq!(Opcode(0xc1).transport_bits(), Transport::Vendor);
     }
 
     #[test]
