@@ -40,7 +40,14 @@ fn qp(qpn: u32, peer: u32, mtu: PathMtu) -> QueuePair {
         max_rd_atomic: 16,
         ..default_rts()
     };
-    connected_qp(qpn, caps, &rtr, &rts)
+    let mut qp = connected_qp(qpn, caps, &rtr, &rts);
+    // Time stands still here (the CPU cost is what is measured): a pacer would hold every
+    // packet after the first quantum until a moment that never comes.
+    qp.set_congestion_control(ferroce_proto::CcConfig {
+        algorithm: ferroce_proto::CcAlgorithm::Off,
+        target_delay: ferroce_proto::cc::DEFAULT_TARGET_DELAY,
+    });
+    qp
 }
 
 impl Wire {
