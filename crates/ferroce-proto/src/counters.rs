@@ -48,7 +48,7 @@ counters! {
         /// Request packets sent again, by go-back-N or one by one (`retransmits`).
         retransmits,
         /// Of those, packets sent again alone because a selective-repeat peer reported them
-        /// missing.
+        /// missing (tail-loss probes are counted apart).
         sr_retransmits,
         /// Fast retransmission timeouts (from the measured RTT) that resent from the oldest
         /// unacknowledged PSN without spending the retry budget.

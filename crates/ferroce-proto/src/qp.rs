@@ -558,8 +558,10 @@ impl QueuePair {
         if !self.serves_requests() {
             self.reorder.clear();
         } else if !self.reorder.is_empty() {
-            // Another hole: report it now rather than when the next packet arrives.
+            // Another hole: report it now rather than when the next packet arrives, and what
+            // is kept past it.
             self.resp.nak_gap(&mut self.counters);
+            self.sack_due = true;
         }
         Ok(())
     }

@@ -86,6 +86,7 @@ use crate::emit;
 use crate::memory::{Access, KeyKind, Memory, Sge};
 use crate::pacer::{window_rate, Pacer};
 use crate::qp::{CompletionQueue, Ctx, Params, QpState};
+use crate::reorder::REORDER_CAPACITY;
 use crate::responder::{walk_sges, UNASKED_ACK_DELAY};
 use crate::rtt::RttEstimator;
 use crate::sack::{self, MAX_HOLES_PER_SACK};
@@ -339,6 +340,12 @@ pub(crate) struct Requester {
     tlp_timer: Option<Instant>,
     /// A tail-loss probe has been sent since the last progress (one per episode).
     tlp_sent: bool,
+    /// How many PSNs after `sacked_from` the last SACK said the peer keeps (packets that
+    /// left the network): while `una` is still `sacked_from`, the window counts only what is
+    /// in flight, so new packets keep leaving while the holes are resent (TCP's "pipe").
+    sacked: u32,
+    /// The gap the last SACK named (its expected PSN).
+    sacked_from: Psn,
     /// The next packet built asks for an acknowledgement whatever the rules say.
     force_ack_req: bool,
 }
@@ -588,7 +595,10 @@ impl Requester {
         if self.last_unasked {
             pto += UNASKED_ACK_DELAY;
         }
-        self.tlp_timer = Some(now + pto);
+        // The probe comes no later than the retransmission timeout would (which it then
+        // pushes back): a timeout resends a window, a probe one packet.
+        let at = now + pto;
+        self.tlp_timer = Some(self.rto_timer.map_or(at, |rto| at.min(rto)));
     }
 
     /// The newest packet sent that a probe may repeat: the last sent PSN of the newest SEND or
@@ -603,7 +613,13 @@ impl Requester {
         if w.wr.op.is_read_or_atomic() || w.high_sent <= w.acked {
             return None;
         }
-        let psn = w.first_psn.add(w.high_sent - 1);
+        let mut psn = w.first_psn.add(w.high_sent - 1);
+        // A packet beyond the peer's reorder buffer would be dropped unseen: the newest one
+        // within its reach instead.
+        let reach = self.una.add(REORDER_CAPACITY - 2);
+        if reach.is_before(psn) {
+            psn = reach;
+        }
         self.resendable(psn).map(|_| psn)
     }
 
@@ -683,6 +699,7 @@ impl Requester {
         }
         // Everything from `psn` on goes again anyway.
         self.resend.clear();
+        self.sacked = 0;
         self.gone_back_to = Some(psn);
     }
 
@@ -737,6 +754,18 @@ impl Requester {
             }
             self.window_una = self.una;
             self.read_recover = read.then(|| psn.add(self.window()));
+        }
+    }
+
+    /// How far past `una` packets may be sent now: the window, plus what the peer reported it
+    /// keeps past the gap at `una` (those packets are out of the network), but never beyond the
+    /// peer's reorder buffer.
+    fn send_limit(&self) -> u32 {
+        let window = self.window();
+        if self.selective && self.sacked > 0 && self.sacked_from == self.una {
+            (window + self.sacked).min(REORDER_CAPACITY - 1).max(window)
+        } else {
+            window
         }
     }
 
@@ -1095,9 +1124,10 @@ impl Requester {
             if let Some(psn) = psn.filter(|_| !self.tlp_sent) {
                 // The newest packet again: if anything before it was lost, the peer keeps it
                 // (or has it) and its SACK names every hole; if only the ACK was lost, the
-                // duplicate is acknowledged again.
+                // duplicate is acknowledged again. The retransmission timeout starts over
+                // from the probe (RFC 8985 7.3), or it would cut across the recovery.
                 self.tlp_sent = true;
-                counters.tail_loss_probes += 1;
+                self.arm_rto(p, now);
                 if !self.resend.iter().any(|r| r.psn == psn) {
                     self.resend.push_front(Resend {
                         psn,
@@ -1201,7 +1231,11 @@ impl Requester {
             self.sq[i].sent = saved.0;
             (self.since_ack_req, self.unasked_messages) = (saved.1, saved.2);
             if res.is_ok() {
-                ctx.counters.sr_retransmits += 1;
+                if probe {
+                    ctx.counters.tail_loss_probes += 1;
+                } else {
+                    ctx.counters.sr_retransmits += 1;
+                }
             }
             return self.sent_or_failed(ctx, now, i, res, cq);
         }
@@ -1235,8 +1269,8 @@ impl Requester {
                 } else {
                     packets_for(w.len, mtu)
                 };
-                let window = self.window();
-                if self.next_psn.distance_from(self.una) + npsn.min(window) > window {
+                let limit = self.send_limit();
+                if self.next_psn.distance_from(self.una) + npsn.min(limit) > limit {
                     return None;
                 }
                 let next = self.next_psn;
@@ -1249,7 +1283,7 @@ impl Requester {
             }
             let w = &self.sq[i];
             let psn = w.first_psn.add(w.sent);
-            if psn.distance_from(self.una) >= self.window() {
+            if psn.distance_from(self.una) >= self.send_limit() {
                 return None;
             }
             if let Some(len) = paced_len(w, w.sent) {
@@ -1345,7 +1379,14 @@ impl Requester {
     /// minimum RTT (RACK's reordering window), and is dropped if the packet's acknowledgement
     /// comes first.
     fn queue_hole(&mut self, now: Instant, psn: Psn) {
-        let due = now + self.rtt.min_rtt() / 4;
+        // Before the first sample, the timer granularity stands in for the minimum RTT (a
+        // SACK that overtook the ACK covering its holes must not resend them at once).
+        let min_rtt = if self.rtt.samples() == 0 {
+            RTO_GRANULARITY
+        } else {
+            self.rtt.min_rtt()
+        };
+        let due = now + min_rtt / 4;
         self.resend.push_back(Resend {
             psn,
             due,
@@ -1375,12 +1416,42 @@ impl Requester {
         if self.rnr_until.is_some() {
             return;
         }
-        for hole in sack::holes(last, bitmap).take(MAX_HOLES_PER_SACK) {
-            if !hole.is_before(self.next_psn) {
+        if end == self.una {
+            // Kept packets among those sent (bit i: `end + 1 + i`).
+            let reach = self.next_psn.distance_from(end).saturating_sub(1);
+            let bits = (reach as usize).min(bitmap.len().min(sack::SACK_BITMAP_BYTES) * 8);
+            self.sacked = (0..bits)
+                .filter(|&i| bitmap[i / 8] & (1 << (i % 8)) != 0)
+                .count() as u32;
+            self.sacked_from = end;
+        }
+        // Holes come oldest first, as the requests do: one walk of the send queue finds each
+        // hole's request. A READ's or atomic's PSNs are never requests the peer keeps (only
+        // the first one is a request at all), so they are skipped, not counted.
+        let mut queued = 0;
+        let mut j = 0;
+        for hole in sack::holes(last, bitmap) {
+            if queued == MAX_HOLES_PER_SACK || !hole.is_before(self.next_psn) {
                 break;
             }
-            if self.resendable(hole).is_some() && !self.resend_pending(now, hole) {
+            while self
+                .sq
+                .get(j)
+                .is_some_and(|w| w.started && !hole.is_before(w.first_psn.add(w.npsn)))
+            {
+                j += 1;
+            }
+            let Some(w) = self.sq.get(j).filter(|w| w.started && w.contains(hole)) else {
+                continue;
+            };
+            let k = hole.distance_from(w.first_psn);
+            let resendable = w.result.is_none()
+                && !w.wr.op.is_read_or_atomic()
+                && k >= w.acked
+                && k < w.high_sent;
+            if resendable && !self.resend_pending(now, hole) {
                 self.queue_hole(now, hole);
+                queued += 1;
             }
         }
     }
@@ -1409,7 +1480,7 @@ impl Requester {
         buf: &mut [u8],
     ) -> Result<usize, WcStatus> {
         let p = ctx.p;
-        let window_end = self.una.add(self.window() - 1);
+        let window_end = self.una.add(self.send_limit() - 1);
         let ack_every = if self.cc.as_ref().is_some_and(Controller::enabled) {
             (self.window() / ACKS_PER_WINDOW).clamp(1, ACK_REQ_INTERVAL)
         } else {

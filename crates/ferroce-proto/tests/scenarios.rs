@@ -4,21 +4,27 @@
 //! QP quiesces once the faults stop. A failure names its seed and the command that replays it.
 
 use ferroce_proto::sim::scenario::{self, ScenarioConfig};
+use ferroce_proto::Counters;
 
 /// The fault maxima `ferroce sim` uses by default, so a seed replays there unchanged.
 fn config(seed: u64) -> ScenarioConfig {
     ScenarioConfig::random(seed, 0.2, 0.1, 0.05, 0.02)
 }
 
-fn run_seeds(seeds: impl Iterator<Item = u64>, tweak: impl Fn(&mut ScenarioConfig)) -> (u64, u64) {
-    let (mut ops, mut retransmits) = (0, 0);
+/// Runs every seed's scenario; returns the operations run and every QP's counters summed.
+fn run_seeds(
+    seeds: impl Iterator<Item = u64>,
+    tweak: impl Fn(&mut ScenarioConfig),
+) -> (u64, Counters) {
+    let mut ops = 0;
+    let mut total = Counters::default();
     let mut failures = Vec::new();
     for seed in seeds {
         let mut cfg = config(seed);
         tweak(&mut cfg);
         let r = scenario::run(&cfg);
         ops += r.ops;
-        retransmits += r.counters.retransmits;
+        total.add(&r.counters);
         if !r.violations.is_empty() {
             failures.push(format!(
                 "seed {seed}: {}\n  replay: cargo run -p ferroce-cli -- sim --seed {seed} --scenarios 1 --trace",
@@ -32,36 +38,66 @@ fn run_seeds(seeds: impl Iterator<Item = u64>, tweak: impl Fn(&mut ScenarioConfi
         failures.len(),
         failures.join("\n")
     );
-    (ops, retransmits)
+    (ops, total)
 }
 
 #[test]
 fn lossless_scenarios_keep_every_promise() {
-    let (ops, retransmits) = run_seeds(0..500, |c| {
+    let (ops, c) = run_seeds(0..500, |c| {
         c.net.loss = 0.0;
         c.net.reorder = 0.0;
         c.net.duplicate = 0.0;
         c.net.corrupt = 0.0;
     });
     assert!(ops > 10_000);
-    assert_eq!(retransmits, 0, "a perfect network needs no retransmission");
+    assert_eq!(
+        c.retransmits, 0,
+        "a perfect network needs no retransmission"
+    );
+}
+
+#[test]
+fn lossless_scenarios_with_selective_repeat_neither_probe_nor_resend() {
+    let (ops, c) = run_seeds(0..300, |c| {
+        c.selective_repeat = true;
+        c.net.loss = 0.0;
+        c.net.reorder = 0.0;
+        c.net.duplicate = 0.0;
+        c.net.corrupt = 0.0;
+    });
+    assert!(ops > 5_000);
+    assert_eq!(
+        (c.retransmits, c.tail_loss_probes, c.sacks_sent),
+        (0, 0, 0),
+        "a perfect network needs no probe, SACK or retransmission"
+    );
 }
 
 #[test]
 fn five_thousand_lossy_scenarios_keep_every_promise() {
-    let (ops, retransmits) = run_seeds(1_000..6_000, |_| {});
+    let (ops, c) = run_seeds(1_000..6_000, |_| {});
     assert!(ops > 100_000, "{ops}");
     assert!(
-        retransmits > 10_000,
-        "the faults must actually bite: {retransmits}"
+        c.retransmits > 10_000,
+        "the faults must actually bite: {}",
+        c.retransmits
     );
 }
 
 #[test]
 fn lossy_scenarios_with_selective_repeat_keep_every_promise() {
-    let (ops, retransmits) = run_seeds(1_000..3_500, |c| c.selective_repeat = true);
+    let (ops, c) = run_seeds(1_000..3_500, |c| c.selective_repeat = true);
     assert!(ops > 50_000, "{ops}");
-    assert!(retransmits > 5_000, "the faults must bite: {retransmits}");
+    assert!(
+        c.retransmits > 5_000,
+        "the faults must bite: {}",
+        c.retransmits
+    );
+    // Recovery takes the selective paths: SACKs name holes, probes find tail losses.
+    assert!(
+        c.sacks_rcvd > 1_000 && c.sr_retransmits > 1_000 && c.tail_loss_probes > 100,
+        "{c:?}"
+    );
 }
 
 #[test]
