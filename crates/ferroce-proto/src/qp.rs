@@ -378,6 +378,19 @@ impl QueuePair {
         self.params.selective_repeat
     }
 
+    /// Says whether the path to the peer never loses a packet, as a shared-memory ring does:
+    /// then only the IBTA `timeout` resends (no fast retransmission timeout, no tail-loss
+    /// probe), since any resend there is spurious — the peer was merely slow, as it is when a
+    /// busy host keeps it off the CPU for milliseconds. Off by default.
+    pub fn set_lossless_path(&mut self, on: bool) {
+        self.req.set_lossless_path(on);
+    }
+
+    /// Whether the path is taken to be lossless (see [`Self::set_lossless_path`]).
+    pub fn lossless_path(&self) -> bool {
+        self.req.lossless_path()
+    }
+
     /// Sets the requester's congestion control (see [`crate::cc`]); the window starts over.
     /// Allowed in any state.
     pub fn set_congestion_control(&mut self, config: CcConfig) {

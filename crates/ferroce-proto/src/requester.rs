@@ -340,6 +340,8 @@ pub(crate) struct Requester {
     tlp_timer: Option<Instant>,
     /// A tail-loss probe has been sent since the last progress (one per episode).
     tlp_sent: bool,
+    /// The path never loses a packet (a shared-memory ring): only the IBTA timeout resends.
+    lossless: bool,
     /// How many PSNs after `sacked_from` the last SACK said the peer keeps (packets that
     /// left the network): while `una` is still `sacked_from`, the window counts only what is
     /// in flight, so new packets keep leaving while the holes are resent (TCP's "pipe").
@@ -393,6 +395,19 @@ impl Requester {
             self.resend.clear();
             self.tlp_timer = None;
         }
+    }
+
+    /// Says whether the path never loses a packet (see `QueuePair::set_lossless_path`).
+    pub fn set_lossless_path(&mut self, on: bool) {
+        self.lossless = on;
+        if on {
+            self.tlp_timer = None;
+        }
+    }
+
+    /// Whether the path is taken to be lossless.
+    pub fn lossless_path(&self) -> bool {
+        self.lossless
     }
 
     /// Caps the pacing rate (bytes per second), or lifts the cap.
@@ -486,7 +501,7 @@ impl Requester {
     /// The fast retransmission timeout now.
     fn rto(&self, p: &Params) -> Option<Duration> {
         let ceiling = ack_timeout(p.timeout)?;
-        if !self.selective {
+        if !self.selective || self.lossless {
             // Toward a go-back-N peer (rxe, a NIC) a spurious resend costs a window and shows
             // in the peer's `duplicate_request`: the live rxe suite, guests under emulation,
             // saw 3,608 with a 1 ms floor. There the IBTA timeout alone retransmits.
@@ -587,7 +602,7 @@ impl Requester {
     /// trips from now (plus the peer's delay for an unasked acknowledgement).
     fn arm_tlp(&mut self, now: Instant) {
         self.tlp_timer = None;
-        if !self.selective || self.tlp_sent {
+        if !self.selective || self.tlp_sent || self.lossless {
             return;
         }
         let Some(srtt) = self.rtt.srtt() else { return };

@@ -502,3 +502,27 @@ fn sacks_no_requester_could_have_caused_are_counted_and_move_nothing() {
     assert_eq!(g.a.counters().dropped_bad_state, 1);
     assert_eq!(g.a.unacked_psn(), base, "its cumulative part is not taken");
 }
+
+/// On a path that never loses (a shared-memory ring) only the IBTA timeout resends: no probe
+/// and no fast timeout, even toward a selective-repeat peer.
+#[test]
+fn a_lossless_path_neither_probes_nor_times_out_fast() {
+    let mut t = bed(true);
+    t.a.set_lossless_path(true);
+    assert!(t.a.lossless_path());
+    t.warm_up();
+    t.write(1, 4);
+    drain(&mut t.a, at(1000), &mut t.ma);
+    let first = t.a.next_timeout().unwrap();
+    assert!(
+        first >= at(1000) + Duration::from_millis(4),
+        "the IBTA timeout alone: {first:?}"
+    );
+    t.a.handle_timeout(first);
+    assert_eq!(offsets(&drain(&mut t.a, first, &mut t.ma)), [1, 2, 3, 4]);
+    let c = t.a.counters();
+    assert_eq!(
+        (c.tail_loss_probes, c.rto_fired, c.completer_retry_err),
+        (0, 0, 1)
+    );
+}

@@ -301,6 +301,11 @@ fn transmit_qp(
                     ..q.congestion_control()
                 });
             }
+            if shm.is_some() && !q.lossless_path() {
+                // Nor does it lose anything: a fast timeout or a tail-loss probe there only
+                // resends what a descheduled peer has yet to read.
+                q.set_lossless_path(true);
+            }
             if q.next_timeout().is_some_and(|t| t <= now) {
                 q.handle_timeout(now);
             }
