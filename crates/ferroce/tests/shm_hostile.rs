@@ -627,7 +627,14 @@ fn a_peer_that_lies_in_the_shared_pages_fails_only_what_it_reaches() {
             udp_port: liar_addr.port(),
             ..local
         };
-        q.connect(&local, &peer, &opts()).unwrap();
+        // The liar never acknowledges anything: qb's SEND that proves its link (below) is
+        // retransmitted every ~1 s (timeout 18) rather than every 67 ms, so however long the
+        // liar takes to see it, it is not failed by its retries before the lie fails it.
+        let o = ConnectOptions {
+            timeout: 18,
+            ..opts()
+        };
+        q.connect(&local, &peer, &o).unwrap();
         liar.say(&q.qpn().to_string());
     }
     qa.post_recv(RecvWr {
@@ -650,22 +657,30 @@ fn a_peer_that_lies_in_the_shared_pages_fails_only_what_it_reaches() {
         assert_eq!(errno, libc::EPERM.to_string(), "ftruncate: {sealed}");
     }
     assert_eq!(liar.expect("LINKED"), "2");
-    // Both linked (the liar's hellos came from the process listening at their destination).
-    let deadline = Instant::now() + T;
-    while qa.provider() != Provider::Shm || qb.provider() != Provider::Shm {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    liar.say("lie");
-    assert_eq!(liar.expect("LIED"), "head tail");
-    // qa: its own inbound ring's producer position is a lie; the engine drains the ring, sees
-    // it, and ends the link: the posted RECV is flushed.
-    assert_eq!(next_wc(&victim.cq), (1, WcStatus::WorkRequestFlushed));
-    // qb: the liar's ring's consumer position is a lie; the first packet for it ends the
-    // link, and the SEND is flushed.
+    // The liar lies only once qb is linked, which it sees from its side: a packet of qb's in
+    // its ring. That its hellos went out says nothing of that: the victim's engine reads them
+    // on its own schedule, and `provider()` says `Shm` from the moment a QP's *own* hello went
+    // out, linked or not, so waiting for it was no wait. Under load the lie then came before
+    // the victim read qb's hello: a hello whose ring positions disagree, refused as any unfit
+    // hello is (`shm_links_refused`, not a violation), so qb never linked and sent over UDP to
+    // the liar's UDP port (the destination the application named), which never answers: the
+    // SEND failed with TransportRetryExceeded instead of being flushed.
     qb.post_send(SendWr::new(2, SendOp::Send, vec![src.sge(0, 64).unwrap()]))
         .unwrap();
-    assert_eq!(next_wc(&victim.cq), (2, WcStatus::WorkRequestFlushed));
+    liar.say("lie");
+    assert_eq!(liar.expect("LIED"), "head tail");
+    // qb: the liar's ring's consumer position is a lie; the next look at the ring (for this
+    // SEND's packet at the latest) ends the link: both SENDs are flushed.
+    qb.post_send(SendWr::new(3, SendOp::Send, vec![src.sge(0, 64).unwrap()]))
+        .unwrap();
+    // qa: its own inbound ring's producer position is a lie; the engine drains the ring, sees
+    // it, and ends the link: the posted RECV is flushed. The two QPs fail independently, so
+    // their completions come in either order; each QP's in its own posting order.
+    let wcs: Vec<(u64, WcStatus)> = (0..3).map(|_| next_wc(&victim.cq)).collect();
+    let flushed = WcStatus::WorkRequestFlushed;
+    let qb_wcs: Vec<_> = wcs.iter().filter(|w| w.0 != 1).copied().collect();
+    assert!(wcs.contains(&(1, flushed)), "{wcs:?}");
+    assert_eq!(qb_wcs, [(2, flushed), (3, flushed)], "{wcs:?}");
     assert_eq!(qa.state(), QpState::Error);
     assert_eq!(qb.state(), QpState::Error);
     assert_eq!(victim.ctx.counters().shm_peer_violations, 2);
@@ -678,8 +693,9 @@ fn a_peer_that_lies_in_the_shared_pages_fails_only_what_it_reaches() {
 }
 
 /// The liar: the named peer of two victim QPs. It takes their hellos, checks what it may do to
-/// the memfds they carried, links them with hellos of its own, then lies: the producer position
-/// of the first QP's inbound ring, and the consumer position of its own ring for the second.
+/// the memfds they carried, links them with hellos of its own, waits until the second QP's
+/// packets come through its ring (that QP is linked), then lies: the producer position of the
+/// first QP's inbound ring, and the consumer position of its own ring for the second.
 #[test]
 fn child_liar() {
     if !is_child("liar") {
@@ -753,6 +769,18 @@ fn child_liar() {
     }
     println!("LINKED 2");
     assert_eq!(lines.next().unwrap().unwrap(), "lie");
+    // Not before the victim's second QP is linked: a packet of it in our ring says so (before
+    // that, its hello may still be unread, and a lie in the page it carried would only have it
+    // refused, the QP staying on UDP: a test of something else).
+    let deadline = Instant::now() + T;
+    while own_pages[1]
+        .word(P_HEAD)
+        .load(std::sync::atomic::Ordering::Acquire)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "no packet in the ring");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let order = std::sync::atomic::Ordering::Release;
     // The first QP's inbound ring (in the victim's page): a misaligned producer position.
     victim_pages[&victim_qpns[0]].word(P_HEAD).store(13, order);

@@ -76,7 +76,10 @@ impl QueuePair {
         r
     }
 
-    /// The provider moving this QP's bytes: `Shm` once linked to a same-host peer (at RTR).
+    /// The provider chosen for this QP's bytes: `Shm` from the moment a link to a same-host
+    /// peer is asked for (at RTR, its hello sent) — packets go through the ring only once the
+    /// peer's hello is in, and until then (or if the peer's hello is refused) over UDP — and
+    /// `Udp` otherwise. Not a sign that the link is up.
     pub fn provider(&self) -> Provider {
         match &self.shared.shm {
             Some(s) if !matches!(*s.lock(), Link::Off) => Provider::Shm,
