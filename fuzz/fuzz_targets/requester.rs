@@ -1,6 +1,7 @@
 //! Fuzzes the requester and its completer: one QP in RTS with SEND, WRITE, READ and atomic work
 //! requests outstanding, fed arbitrary response packets (ACKs, NAKs of every kind, RNR NAKs,
-//! READ responses, ATOMIC ACKs), timeouts, ERR and reconnects.
+//! READ responses, ATOMIC ACKs, ferroce's SACKs), timeouts, ERR and reconnects, with and
+//! without selective repeat.
 //!
 //! The input is a script. Its first bytes choose the connection (path MTU, first PSN, ACK
 //! timeout, retry and RNR retry counts, READ/atomic depth, send queue depth); then each step
@@ -203,6 +204,10 @@ impl Harness {
             })
             .expect("INIT->RTR");
         self.qp.modify_to_rts(&rts).expect("RTR->RTS");
+        // Half the connections keep what arrives after a gap at the peer (selective repeat,
+        // as negotiated between ferroce peers): NAKs and SACKs then ask for single packets,
+        // and tail-loss probes go out.
+        self.qp.set_selective_repeat(inp.u8() & 1 == 1);
         self.mtu = mtu.bytes();
         self.next_psn = Psn::new(sq_psn);
         self.sent.clear();
@@ -797,7 +802,7 @@ impl Harness {
         };
         let owner = self.owner(psn);
         let mut untrusted = flip;
-        let bytes = match inp.below(12) {
+        let bytes = match inp.below(13) {
             0..=3 => match owner {
                 Some((i, k)) => {
                     let p = self.posted[i].clone();
@@ -853,6 +858,20 @@ impl Harness {
                     ..Default::default()
                 };
                 self.response(opcode, psn, ext, &payload)
+            }
+            12 => {
+                // A SACK: the last PSN in order, then a bitmap of any length (a real one is at
+                // most 64 bytes).
+                let n = inp.below(80);
+                let bitmap = inp.bytes(n).to_vec();
+                let ext = ExtHeaders {
+                    aeth: Some(AethRepr {
+                        syndrome: Syndrome::Ack { credits: 31 },
+                        msn: 0,
+                    }),
+                    ..Default::default()
+                };
+                self.response(Opcode::FERROCE_SACK, psn, ext, &bitmap)
             }
             _ => {
                 let value = if inp.u8() & 1 == 0 {
