@@ -580,9 +580,18 @@ impl Harness {
             let repr = check_emitted(&bytes, 4096, PEER_QPN);
             let pkt = RocePacket::new_checked(&bytes[..]).expect("checked");
             let op = repr.info().expect("checked").operation;
+            if op == Operation::SelectiveAck {
+                assert!(
+                    self.qp.selective_repeat(),
+                    "a SACK from a QP without selective repeat"
+                );
+            }
             if matches!(
                 op,
-                Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse
+                Operation::Acknowledge
+                    | Operation::AtomicAcknowledge
+                    | Operation::RdmaReadResponse
+                    | Operation::SelectiveAck
             ) {
                 // The QP's responder answering a request that came in raw bytes.
                 assert!(

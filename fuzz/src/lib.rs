@@ -387,7 +387,7 @@ impl Memory for Audited<'_> {
 }
 
 /// Checks a packet a QP wrote into its transmit buffer and returns its plain form: it parses
-/// with `ferroce_wire`, is an RC packet addressed to `dest_qpn` in the default partition, its
+/// with `ferroce_wire`, is an RC packet (or ferroce's SACK) addressed to `dest_qpn` in the default partition, its
 /// pad bytes are zero, it fits the buffer the QP was promised (path MTU plus headers), and its
 /// ICRC is left zero for the caller to fill, as `poll_transmit` documents.
 pub fn check_emitted(bytes: &[u8], max_mtu: usize, dest_qpn: u32) -> PacketRepr {
@@ -405,7 +405,12 @@ pub fn check_emitted(bytes: &[u8], max_mtu: usize, dest_qpn: u32) -> PacketRepr 
         Err(e) => panic!("the QP emitted a packet that does not parse: {e:?}"),
     };
     let info = repr.info().expect("checked packet has a known opcode");
-    assert_eq!(info.transport, Transport::Rc, "non-RC packet {repr:?}");
+    // ferroce's SACK is the one non-RC packet a QP sends (to a selective-repeat peer; the
+    // targets check that the QP runs selective repeat when they see one).
+    assert!(
+        info.transport == Transport::Rc || repr.bth.opcode == ferroce_wire::Opcode::FERROCE_SACK,
+        "non-RC packet {repr:?}"
+    );
     assert_eq!(repr.bth.dest_qpn, dest_qpn, "packet to the wrong QP");
     assert_eq!(repr.bth.pkey, DEFAULT_PKEY, "packet in another partition");
     assert!(

@@ -360,6 +360,8 @@ struct Resend {
     due: Instant,
     /// A tail-loss probe (news wanted, no loss known), not a hole the peer reported.
     probe: bool,
+    /// Due, and a timeout has said so: it waits for `poll_transmit`, not for a timer.
+    ready: bool,
 }
 
 /// Smallest wait before a tail-loss probe: below it, an ACK the peer's engine has not yet
@@ -474,9 +476,12 @@ impl Requester {
 
     pub fn next_timeout(&self) -> Option<Instant> {
         // A resend waits out an RNR back-off like everything else (its end is named already).
+        // A resend a timeout found due (a probe is, the moment it is queued) waits for the
+        // `poll_transmit` that follows the timeout: no timer for it.
         let resend = self
             .resend
-            .front()
+            .iter()
+            .find(|r| !r.ready)
             .map(|r| r.due)
             .filter(|_| self.rnr_until.is_none())
             // A resend due while the pacer holds it leaves when the pacer lets it.
@@ -1133,6 +1138,9 @@ impl Requester {
         if self.paced_until.is_some_and(|t| t <= now) {
             self.paced_until = None;
         }
+        for r in self.resend.iter_mut().filter(|r| r.due <= now) {
+            r.ready = true;
+        }
         if self.tlp_timer.is_some_and(|t| t <= now) {
             self.tlp_timer = None;
             let psn = self.probe_psn().filter(|_| self.rnr_until.is_none());
@@ -1148,6 +1156,7 @@ impl Requester {
                         psn,
                         due: now,
                         probe: true,
+                        ready: true,
                     });
                 }
             }
@@ -1215,7 +1224,10 @@ impl Requester {
         let p = ctx.p;
         let mtu = p.mtu;
         // Selective repeat: the holes the peer reported go first, one packet each.
-        while let Some(&Resend { psn, due, probe }) = self.resend.front() {
+        while let Some(&Resend {
+            psn, due, probe, ..
+        }) = self.resend.front()
+        {
             let Some((i, k)) = self.resendable(psn) else {
                 // Acknowledged meanwhile: it was late (reordered), not lost.
                 self.resend.pop_front();
@@ -1406,6 +1418,7 @@ impl Requester {
             psn,
             due,
             probe: false,
+            ready: false,
         });
     }
 
