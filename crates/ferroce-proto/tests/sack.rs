@@ -11,9 +11,7 @@ use ferroce_proto::{
     Access, Instant, PathMtu, QpCaps, QueuePair, RtrAttr, RtsAttr, SendOp, SendWr, Sge, VecMemory,
     WcStatus,
 };
-use ferroce_wire::aeth::{AethRepr, Syndrome, CREDITS_INVALID};
-use ferroce_wire::bth::BthRepr;
-use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn, RocePacket};
+use ferroce_wire::{Opcode, PacketRepr, Psn, RocePacket};
 
 const A_QPN: u32 = 0x11;
 const B_QPN: u32 = 0x22;
@@ -105,6 +103,16 @@ fn offsets(packets: &[Vec<u8>]) -> Vec<u32> {
         .collect()
 }
 
+/// `packets` but those at the indices in `lost`.
+fn except(packets: &[Vec<u8>], lost: &[usize]) -> Vec<Vec<u8>> {
+    packets
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lost.contains(i))
+        .map(|(_, p)| p.clone())
+        .collect()
+}
+
 fn opcode(p: &[u8]) -> Opcode {
     RocePacket::new_checked(p).unwrap().opcode()
 }
@@ -128,15 +136,32 @@ impl Bed {
     fn warm_up(&mut self) {
         self.write(100, 1);
         let out = drain(&mut self.a, at(0), &mut self.ma);
-        feed(&mut self.b, at(50), &mut self.mb, &out);
-        let acks = drain(&mut self.b, at(50), &mut self.mb);
-        feed(&mut self.a, at(100), &mut self.ma, &acks);
+        let acks = self.deliver_to_b(at(50), &out);
+        self.deliver_to_a(at(100), &acks);
         let wc = self
             .a
             .poll_completion()
             .expect("the warm-up WRITE completes");
         assert_eq!((wc.wr_id, wc.status), (100, WcStatus::Success));
         assert_eq!(self.a.smoothed_rtt(), Some(RTT));
+    }
+
+    /// Hands `packets` to B at `now` and returns what B sends then.
+    fn deliver_to_b(&mut self, now: Instant, packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        feed(&mut self.b, now, &mut self.mb, packets);
+        drain(&mut self.b, now, &mut self.mb)
+    }
+
+    /// Hands `packets` to A at `now`.
+    fn deliver_to_a(&mut self, now: Instant, packets: &[Vec<u8>]) {
+        feed(&mut self.a, now, &mut self.ma, packets);
+    }
+
+    /// Asserts that A's next completion is `wr_id`'s success and B's memory is A's source.
+    fn assert_completed(&mut self, wr_id: u64) {
+        let wc = self.a.poll_completion().expect("the WRITE completes");
+        assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success));
+        self.assert_delivered();
     }
 
     /// Asserts B's memory holds A's source for every packet sent so far.
@@ -157,15 +182,8 @@ fn one_sack_names_every_hole_and_only_the_holes_are_resent() {
     t.write(1, 20);
     let out = drain(&mut t.a, at(0), &mut t.ma);
     assert_eq!(out.len(), 20);
-    let lost = [3, 7, 12];
-    let arrived: Vec<Vec<u8>> = out
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !lost.contains(i))
-        .map(|(_, p)| p.clone())
-        .collect();
-    feed(&mut t.b, at(50), &mut t.mb, &arrived);
-    let answers = drain(&mut t.b, at(50), &mut t.mb);
+    let arrived = except(&out, &[3, 7, 12]);
+    let answers = t.deliver_to_b(at(50), &arrived);
     assert_eq!(t.b.counters().ooo_held, 14);
     let sack = answers
         .iter()
@@ -183,7 +201,7 @@ fn one_sack_names_every_hole_and_only_the_holes_are_resent() {
     // Bit i: PSN 4 + i; 4..=19 kept but 7 and 12 (bits 3 and 8).
     let bits = u32::from_le_bytes(bitmap.try_into().unwrap());
     assert_eq!(bits, 0xffff & !(1 << 3) & !(1 << 8));
-    feed(&mut t.a, at(100), &mut t.ma, &answers);
+    t.deliver_to_a(at(100), &answers);
     // Before any RTT sample the reordering wait is a quarter of the timer granularity.
     assert!(drain(&mut t.a, at(100), &mut t.ma).is_empty());
     let resent = drain(&mut t.a, at(125), &mut t.ma);
@@ -192,12 +210,9 @@ fn one_sack_names_every_hole_and_only_the_holes_are_resent() {
         [3, 7, 12],
         "exactly the holes, oldest first"
     );
-    feed(&mut t.b, at(150), &mut t.mb, &resent);
-    let acks = drain(&mut t.b, at(150), &mut t.mb);
-    feed(&mut t.a, at(200), &mut t.ma, &acks);
-    let wc = t.a.poll_completion().expect("the WRITE completes");
-    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
-    t.assert_delivered();
+    let acks = t.deliver_to_b(at(150), &resent);
+    t.deliver_to_a(at(200), &acks);
+    t.assert_completed(1);
     let (ca, cb) = (t.a.counters(), t.b.counters());
     assert_eq!((ca.retransmits, ca.sr_retransmits, ca.rto_fired), (3, 3, 0));
     assert_eq!((ca.sacks_rcvd, cb.sacks_sent), (1, 1));
@@ -213,38 +228,27 @@ fn a_lost_resend_is_resent_after_a_round_trip_on_the_next_sack() {
     t.warm_up();
     t.write(1, 20);
     let out = drain(&mut t.a, at(1000), &mut t.ma);
-    let arrived: Vec<Vec<u8>> = out
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != 3 && i != 12)
-        .map(|(_, p)| p.clone())
-        .collect();
-    feed(&mut t.b, at(1050), &mut t.mb, &arrived);
-    let answers = drain(&mut t.b, at(1050), &mut t.mb);
-    feed(&mut t.a, at(1100), &mut t.ma, &answers);
+    let arrived = except(&out, &[3, 12]);
+    let answers = t.deliver_to_b(at(1050), &arrived);
+    t.deliver_to_a(at(1100), &answers);
     // A reported hole waits a quarter of the minimum RTT (RACK's reordering window).
     assert!(drain(&mut t.a, at(1100), &mut t.ma).is_empty());
     let resent = drain(&mut t.a, at(1125), &mut t.ma);
     assert_eq!(offsets(&resent), [1 + 3, 1 + 12]);
     // The resend of 3 is lost; 12's arrives and B names 3 again.
-    feed(&mut t.b, at(1150), &mut t.mb, &resent[1..]);
-    let answers = drain(&mut t.b, at(1150), &mut t.mb);
+    let answers = t.deliver_to_b(at(1150), &resent[1..]);
     assert!(answers.iter().any(|p| opcode(p) == Opcode::FERROCE_SACK));
     // Within a round trip of the resend it is news already acted on...
-    feed(&mut t.a, at(1150), &mut t.ma, &answers);
+    t.deliver_to_a(at(1150), &answers);
     assert!(drain(&mut t.a, at(1150), &mut t.ma).is_empty());
     // ...after one, the hole is resent again at the next report.
-    feed(&mut t.b, at(1260), &mut t.mb, &resent[1..]);
-    let answers = drain(&mut t.b, at(1260), &mut t.mb);
-    feed(&mut t.a, at(1260), &mut t.ma, &answers);
+    let answers = t.deliver_to_b(at(1260), &resent[1..]);
+    t.deliver_to_a(at(1260), &answers);
     let again = drain(&mut t.a, at(1285), &mut t.ma);
     assert_eq!(offsets(&again), [1 + 3]);
-    feed(&mut t.b, at(1300), &mut t.mb, &again);
-    let acks = drain(&mut t.b, at(1300), &mut t.mb);
-    feed(&mut t.a, at(1350), &mut t.ma, &acks);
-    let wc = t.a.poll_completion().expect("the WRITE completes");
-    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
-    t.assert_delivered();
+    let acks = t.deliver_to_b(at(1300), &again);
+    t.deliver_to_a(at(1350), &acks);
+    t.assert_completed(1);
     let c = t.a.counters();
     assert_eq!(
         (c.sr_retransmits, c.rto_fired, c.completer_retry_err),
@@ -302,22 +306,18 @@ fn a_tail_loss_is_found_by_a_probe_not_by_the_timeout() {
             assert_eq!(probes, u64::from(now >= probe_at));
         }
     }
-    feed(&mut t.b, at(1250), &mut t.mb, &probe);
-    let answers = drain(&mut t.b, at(1250), &mut t.mb);
+    let answers = t.deliver_to_b(at(1250), &probe);
     assert!(answers.iter().any(|p| opcode(p) == Opcode::FERROCE_SACK));
-    feed(&mut t.a, at(1300), &mut t.ma, &answers);
+    t.deliver_to_a(at(1300), &answers);
     let resent = drain(&mut t.a, at(1325), &mut t.ma);
     assert_eq!(offsets(&resent), [1 + 8]);
     assert!(
         t.a.next_timeout().unwrap() > at(1400),
         "the retransmission timeout lies beyond the recovery"
     );
-    feed(&mut t.b, at(1350), &mut t.mb, &resent);
-    let acks = drain(&mut t.b, at(1350), &mut t.mb);
-    feed(&mut t.a, at(1400), &mut t.ma, &acks);
-    let wc = t.a.poll_completion().expect("the WRITE completes");
-    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
-    t.assert_delivered();
+    let acks = t.deliver_to_b(at(1350), &resent);
+    t.deliver_to_a(at(1400), &acks);
+    t.assert_completed(1);
     let c = t.a.counters();
     assert_eq!(
         (c.retransmits, c.rto_fired, c.completer_retry_err),
@@ -336,18 +336,16 @@ fn a_probe_after_a_lost_ack_is_acknowledged_again() {
     t.warm_up();
     t.write(1, 4);
     let out = drain(&mut t.a, at(1000), &mut t.ma);
-    feed(&mut t.b, at(1050), &mut t.mb, &out);
-    let lost_ack = drain(&mut t.b, at(1050), &mut t.mb);
+    let lost_ack = t.deliver_to_b(at(1050), &out);
     assert_eq!(lost_ack.len(), 1);
     let probe_at = t.a.next_timeout().unwrap();
     t.a.handle_timeout(probe_at);
     let probe = drain(&mut t.a, probe_at, &mut t.ma);
     assert_eq!(offsets(&probe), [1 + 3]);
-    feed(&mut t.b, probe_at, &mut t.mb, &probe);
-    let ack = drain(&mut t.b, probe_at, &mut t.mb);
+    let ack = t.deliver_to_b(probe_at, &probe);
     assert_eq!(ack.len(), 1);
     assert_eq!(opcode(&ack[0]), Opcode::RC_ACKNOWLEDGE);
-    feed(&mut t.a, probe_at + RTT, &mut t.ma, &ack);
+    t.deliver_to_a(probe_at + RTT, &ack);
     let wc = t.a.poll_completion().expect("the WRITE completes");
     assert_eq!(wc.status, WcStatus::Success);
     assert_eq!(t.b.counters().duplicate_request, 1);
@@ -362,14 +360,8 @@ fn go_back_n_queue_pairs_neither_probe_nor_sack() {
     t.warm_up();
     t.write(1, 10);
     let out = drain(&mut t.a, at(1000), &mut t.ma);
-    let arrived: Vec<Vec<u8>> = out
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != 2)
-        .map(|(_, p)| p.clone())
-        .collect();
-    feed(&mut t.b, at(1050), &mut t.mb, &arrived);
-    let answers = drain(&mut t.b, at(1050), &mut t.mb);
+    let arrived = except(&out, &[2]);
+    let answers = t.deliver_to_b(at(1050), &arrived);
     assert!(answers.iter().all(|p| opcode(p) == Opcode::RC_ACKNOWLEDGE));
     assert_eq!(t.b.counters().sacks_sent, 0);
     let first = t.a.next_timeout().unwrap();
@@ -386,8 +378,7 @@ fn go_back_n_queue_pairs_neither_probe_nor_sack() {
     );
     assert_eq!(t.a.counters().tail_loss_probes, 0);
     // B keeps nothing and owes no SACK, even for what arrives after the gap again.
-    feed(&mut t.b, first, &mut t.mb, &again[3..]);
-    let answers = drain(&mut t.b, first, &mut t.mb);
+    let answers = t.deliver_to_b(first, &again[3..]);
     assert!(answers.iter().all(|p| opcode(p) == Opcode::RC_ACKNOWLEDGE));
     assert_eq!((t.b.counters().ooo_held, t.b.counters().sacks_sent), (0, 0));
 }
@@ -403,18 +394,13 @@ fn packets_kept_past_a_hole_free_the_window_for_new_ones() {
         t.write(1, 60);
         let out = drain(&mut t.a, at(0), &mut t.ma);
         let first = out.len() as u32;
-        let arrived: Vec<Vec<u8>> = out
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != 2)
-            .map(|(_, p)| p.clone())
-            .collect();
-        feed(&mut t.b, at(50), &mut t.mb, &arrived);
-        let answers: Vec<Vec<u8>> = drain(&mut t.b, at(50), &mut t.mb)
+        let arrived = except(&out, &[2]);
+        let answers: Vec<Vec<u8>> = t
+            .to_b(at(50), &arrived)
             .into_iter()
             .filter(|p| with_sack || opcode(p) != Opcode::FERROCE_SACK)
             .collect();
-        feed(&mut t.a, at(100), &mut t.ma, &answers);
+        t.deliver_to_a(at(100), &answers);
         let next = drain(&mut t.a, at(200), &mut t.ma);
         assert_eq!(
             t.a.unacked_psn(),
@@ -437,37 +423,6 @@ fn packets_kept_past_a_hole_free_the_window_for_new_ones() {
     assert_eq!(without, [2], "the hole alone");
 }
 
-/// A SACK packet built by hand: `psn` the last in order, then `bitmap`.
-fn sack_packet(dest_qpn: u32, psn: Psn, bitmap: &[u8]) -> Vec<u8> {
-    let bth = BthRepr {
-        opcode: Opcode::FERROCE_SACK,
-        solicited: false,
-        migreq: false,
-        pad_count: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn,
-        ack_req: false,
-        psn,
-    };
-    let ext = ExtHeaders {
-        aeth: Some(AethRepr {
-            syndrome: Syndrome::Ack {
-                credits: CREDITS_INVALID,
-            },
-            msn: 0,
-        }),
-        ..Default::default()
-    };
-    let repr = PacketRepr::new(bth, ext, bitmap.len());
-    let mut buf = vec![0u8; repr.buffer_len().unwrap()];
-    let start = repr.header_len().unwrap();
-    repr.emit(&mut buf).unwrap();
-    buf[start..start + bitmap.len()].copy_from_slice(bitmap);
-    buf
-}
-
 /// SACKs a requester could not have caused — beyond what it sent, far behind, a bitmap longer
 /// than any reorder buffer, or to a QP that never negotiated them — move nothing, resend no
 /// more than what was sent and is unacknowledged, and are counted.
@@ -480,7 +435,7 @@ fn sacks_no_requester_could_have_caused_are_counted_and_move_nothing() {
     let base = Psn::new(A_PSN);
     // Beyond next_psn, and far behind una.
     for psn in [base.add(8), base.add(100_000), base.sub(2)] {
-        let p = sack_packet(A_QPN, psn, &[0xff; 4]);
+        let p = ferroce_proto::sim::sack_packet(A_QPN, psn, &[0xff; 4]);
         t.a.handle_packet(at(10), &mut t.ma, &p).unwrap();
     }
     assert_eq!(t.a.counters().duplicate_response, 3);
@@ -488,7 +443,7 @@ fn sacks_no_requester_could_have_caused_are_counted_and_move_nothing() {
     assert_eq!(t.a.unacked_psn(), base);
     assert!(drain(&mut t.a, at(10), &mut t.ma).is_empty());
     // Every bit set over 4 KiB: the holes named are only what was sent, each resent once.
-    let p = sack_packet(A_QPN, base.sub(1), &[0x55; 4096]);
+    let p = ferroce_proto::sim::sack_packet(A_QPN, base.sub(1), &[0x55; 4096]);
     t.a.handle_packet(at(20), &mut t.ma, &p).unwrap();
     t.a.handle_packet(at(20), &mut t.ma, &p).unwrap();
     let resent = drain(&mut t.a, at(50), &mut t.ma);
@@ -497,7 +452,7 @@ fn sacks_no_requester_could_have_caused_are_counted_and_move_nothing() {
     let mut g = bed(false);
     g.write(1, 2);
     drain(&mut g.a, at(0), &mut g.ma);
-    let p = sack_packet(A_QPN, base.add(0), &[0x01, 0, 0, 0]);
+    let p = ferroce_proto::sim::sack_packet(A_QPN, base.add(0), &[0x01, 0, 0, 0]);
     g.a.handle_packet(at(10), &mut g.ma, &p).unwrap();
     assert_eq!(g.a.counters().dropped_bad_state, 1);
     assert_eq!(g.a.unacked_psn(), base, "its cumulative part is not taken");
@@ -538,14 +493,12 @@ fn a_reordered_packet_is_not_resent() {
     // Packet 2 is overtaken by 3..=5.
     let mut order: Vec<Vec<u8>> = out.clone();
     let late = order.remove(2);
-    feed(&mut t.b, at(1050), &mut t.mb, &order);
-    let answers = drain(&mut t.b, at(1050), &mut t.mb);
+    let answers = t.deliver_to_b(at(1050), &order);
     assert!(answers.iter().any(|p| opcode(p) == Opcode::FERROCE_SACK));
-    feed(&mut t.a, at(1100), &mut t.ma, &answers);
+    t.deliver_to_a(at(1100), &answers);
     // The late packet lands a few µs later; B's ACK covers everything.
-    feed(&mut t.b, at(1052), &mut t.mb, &[late]);
-    let acks = drain(&mut t.b, at(1052), &mut t.mb);
-    feed(&mut t.a, at(1105), &mut t.ma, &acks);
+    let acks = t.deliver_to_b(at(1052), &[late]);
+    t.deliver_to_a(at(1105), &acks);
     // Past the reordering wait (a quarter of the 100 µs minimum RTT): nothing to resend.
     assert!(drain(&mut t.a, at(1130), &mut t.ma).is_empty());
     let wc = t.a.poll_completion().expect("the WRITE completes");

@@ -711,8 +711,29 @@ pub fn ack_packet(
     psn: ferroce_wire::Psn,
     syndrome: ferroce_wire::aeth::Syndrome,
 ) -> Vec<u8> {
+    response_packet(Opcode::RC_ACKNOWLEDGE, dest_qpn, psn, syndrome, &[])
+}
+
+/// A SACK (see [`crate::sack`]) to `dest_qpn`: `psn` the last PSN received in order, then
+/// `bitmap` as it stands (of any length, as a peer that lies may send it); ICRC left zero.
+pub fn sack_packet(dest_qpn: u32, psn: ferroce_wire::Psn, bitmap: &[u8]) -> Vec<u8> {
+    let ack = ferroce_wire::aeth::Syndrome::Ack {
+        credits: ferroce_wire::aeth::CREDITS_INVALID,
+    };
+    response_packet(Opcode::FERROCE_SACK, dest_qpn, psn, ack, bitmap)
+}
+
+/// An `opcode` packet with an AETH of `syndrome` (MSN 0) and `payload`, in the default
+/// partition; ICRC left zero.
+fn response_packet(
+    opcode: Opcode,
+    dest_qpn: u32,
+    psn: ferroce_wire::Psn,
+    syndrome: ferroce_wire::aeth::Syndrome,
+    payload: &[u8],
+) -> Vec<u8> {
     let bth = ferroce_wire::bth::BthRepr {
-        opcode: Opcode::RC_ACKNOWLEDGE,
+        opcode,
         solicited: false,
         migreq: false,
         pad_count: 0,
@@ -727,9 +748,13 @@ pub fn ack_packet(
         aeth: Some(ferroce_wire::aeth::AethRepr { syndrome, msn: 0 }),
         ..Default::default()
     };
-    let repr = PacketRepr::new(bth, ext, 0);
+    let repr = PacketRepr::new(bth, ext, payload.len());
     let mut buf = vec![0u8; repr.buffer_len().unwrap_or(0)];
-    // A BTH + AETH always fits the buffer sized for it.
-    let _ = repr.emit(&mut buf);
+    // The headers always fit the buffer sized for them, and the payload follows them.
+    if repr.emit(&mut buf).is_ok() {
+        if let Ok(start) = repr.header_len() {
+            buf[start..start + payload.len()].copy_from_slice(payload);
+        }
+    }
     buf
 }
