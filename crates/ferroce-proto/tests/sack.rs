@@ -396,7 +396,7 @@ fn packets_kept_past_a_hole_free_the_window_for_new_ones() {
         let first = out.len() as u32;
         let arrived = except(&out, &[2]);
         let answers: Vec<Vec<u8>> = t
-            .to_b(at(50), &arrived)
+            .deliver_to_b(at(50), &arrived)
             .into_iter()
             .filter(|p| with_sack || opcode(p) != Opcode::FERROCE_SACK)
             .collect();
