@@ -235,11 +235,10 @@ struct Stamp {
     resent: bool,
 }
 
-/// Smallest retransmission timeout toward a peer that keeps out-of-order packets (a spurious
-/// timeout costs one packet), and toward any other peer (where it costs a window).
+/// Smallest fast retransmission timeout, toward a peer that keeps out-of-order packets (a
+/// spurious timeout costs one packet there; toward any other peer, where it would cost a
+/// window, only the IBTA timeout retransmits).
 pub const RTO_MIN_SELECTIVE: Duration = Duration::from_micros(500);
-/// See [`RTO_MIN_SELECTIVE`].
-pub const RTO_MIN_GO_BACK_N: Duration = Duration::from_millis(1);
 /// Most the fast timeout's floor grows to after spurious timeouts.
 const MAX_RTO_FLOOR: Duration = Duration::from_millis(16);
 /// How long without a spurious timeout halves the learnt floor.
@@ -512,12 +511,7 @@ impl Requester {
             // saw 3,608 with a 1 ms floor. There the IBTA timeout alone retransmits.
             return Some(ceiling);
         }
-        let floor = if self.selective {
-            RTO_MIN_SELECTIVE
-        } else {
-            RTO_MIN_GO_BACK_N
-        }
-        .max(self.rto_floor);
+        let floor = RTO_MIN_SELECTIVE.max(self.rto_floor);
         let mut rto = self.rtt.rto(RTO_GRANULARITY, floor, ceiling);
         if self.last_unasked {
             rto += UNASKED_ACK_DELAY;

@@ -50,12 +50,7 @@ fn pair() -> (QueuePair, QueuePair) {
 }
 
 fn drain(q: &mut QueuePair, now: Instant, mem: &mut VecMemory) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    while let Some(n) = q.poll_transmit(now, mem, &mut buf) {
-        out.push(buf[..n].to_vec());
-    }
-    out
+    ferroce_proto::sim::pair::transmit_all(q, now, mem)
 }
 
 fn psn_of(p: &[u8]) -> u32 {

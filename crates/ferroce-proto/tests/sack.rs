@@ -75,12 +75,7 @@ fn at(us: u64) -> Instant {
 }
 
 fn drain(q: &mut QueuePair, now: Instant, mem: &mut VecMemory) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    while let Some(n) = q.poll_transmit(now, mem, &mut buf) {
-        out.push(buf[..n].to_vec());
-    }
-    out
+    ferroce_proto::sim::pair::transmit_all(q, now, mem)
 }
 
 fn feed(q: &mut QueuePair, now: Instant, mem: &mut VecMemory, packets: &[Vec<u8>]) {

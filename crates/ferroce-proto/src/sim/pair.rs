@@ -8,7 +8,7 @@ use ferroce_wire::Psn;
 use super::{NetConfig, Sim};
 use crate::attr::{InitAttr, PathMtu, QpCaps, RtrAttr, RtsAttr};
 use crate::completion::WorkCompletion;
-use crate::memory::{Access, Sge};
+use crate::memory::{Access, Memory, Sge};
 use crate::qp::QueuePair;
 use crate::time::Instant;
 use crate::wr::{RecvWr, SendWr};
@@ -78,6 +78,16 @@ pub fn default_rtr(peer: u32, rq_psn: Psn) -> RtrAttr {
         max_dest_rd_atomic: 4,
         min_rnr_timer: 1,
     }
+}
+
+/// Every packet `q` has to send at `now`, in order (for tests that carry packets by hand).
+pub fn transmit_all(q: &mut QueuePair, now: Instant, mem: &mut dyn Memory) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 4096 + crate::qp::MAX_HEADER_LEN];
+    while let Some(n) = q.poll_transmit(now, mem, &mut buf) {
+        out.push(buf[..n].to_vec());
+    }
+    out
 }
 
 /// A new QP `qpn` in protection domain 1, taken through INIT and `rtr` to RTS with `rts`.
