@@ -26,11 +26,10 @@ use std::time::{Duration, Instant};
 
 use ferroce_ibverbs::abi::*;
 
+mod common;
+
 // The library's exports, linked from the crate's rlib as a program links them from the .so.
 extern "C" {
-    fn ibv_get_device_list(num: *mut libc::c_int) -> *mut *mut ibv_device;
-    fn ibv_get_device_name(dev: *mut ibv_device) -> *const libc::c_char;
-    fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context;
     fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd;
     fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, access: i32)
         -> *mut ibv_mr;
@@ -86,33 +85,10 @@ const BUF_LEN: usize = 1 << 16;
 fn dev() -> &'static Dev {
     static DEV: OnceLock<Dev> = OnceLock::new();
     DEV.get_or_init(|| unsafe {
-        let mut n = 0;
-        let list = ibv_get_device_list(&mut n);
-        assert!(!list.is_null() && n > 0, "no ferroce device");
-        // The loopback device if there is one: the test talks to itself.
-        let devs: Vec<*mut ibv_device> = (0..n as usize).map(|i| *list.add(i)).collect();
-        let pick = devs
-            .iter()
-            .copied()
-            .find(|&d| std::ffi::CStr::from_ptr(ibv_get_device_name(d)).to_bytes() == b"ferroce_lo")
-            .unwrap_or(devs[0]);
-        let ctx = ibv_open_device(pick);
-        assert!(
-            !ctx.is_null(),
-            "ibv_open_device: {}",
-            std::io::Error::last_os_error()
-        );
+        let ctx = common::open_loopback_context();
         let pd = ibv_alloc_pd(ctx);
         assert!(!pd.is_null());
-        let buf = libc::mmap(
-            std::ptr::null_mut(),
-            BUF_LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(buf, libc::MAP_FAILED);
+        let buf = common::map_buffer(BUF_LEN);
         let mr = ibv_reg_mr(
             pd,
             buf,

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use ferroce_ibverbs::abi::*;
 
+mod common;
+
 extern "C" {
-    fn ibv_get_device_list(num: *mut libc::c_int) -> *mut *mut ibv_device;
-    fn ibv_get_device_name(dev: *mut ibv_device) -> *const libc::c_char;
-    fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context;
     fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd;
     fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut libc::c_void, len: usize, access: i32)
         -> *mut ibv_mr;
@@ -64,30 +63,12 @@ fn dev() -> &'static Dev {
     static DEV: OnceLock<Dev> = OnceLock::new();
     // SAFETY: the library's calls, with outputs on the stack and the buffer mapped here.
     DEV.get_or_init(|| unsafe {
-        let mut n = 0;
-        let list = ibv_get_device_list(&mut n);
-        assert!(!list.is_null() && n > 0, "no ferroce device");
-        let devs: Vec<*mut ibv_device> = (0..n as usize).map(|i| *list.add(i)).collect();
-        let pick = devs
-            .iter()
-            .copied()
-            .find(|&d| std::ffi::CStr::from_ptr(ibv_get_device_name(d)).to_bytes() == b"ferroce_lo")
-            .unwrap_or(devs[0]);
-        let ctx = ibv_open_device(pick);
-        assert!(!ctx.is_null(), "{}", std::io::Error::last_os_error());
+        let ctx = common::open_loopback_context();
         let pd = ibv_alloc_pd(ctx);
         assert!(!pd.is_null());
         let cq = ibv_create_cq(ctx, 1024, std::ptr::null_mut(), std::ptr::null_mut(), 0);
         assert!(!cq.is_null());
-        let buf = libc::mmap(
-            std::ptr::null_mut(),
-            BUF_LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(buf, libc::MAP_FAILED);
+        let buf = common::map_buffer(BUF_LEN);
         let mr = ibv_reg_mr(pd, buf, BUF_LEN, IBV_ACCESS_LOCAL_WRITE as i32);
         assert!(!mr.is_null(), "{}", std::io::Error::last_os_error());
         let mut gid = ibv_gid { raw: [0; 16] };
