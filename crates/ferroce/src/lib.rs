@@ -80,7 +80,8 @@ pub use verbs::srq::SharedReceiveQueue;
 pub use verbs::ud::{AddressHandle, UdQueuePair, UdSendWr, GRH_LEN, UD_MTU};
 
 pub use ferroce_proto::{
-    Access, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError, QpState, RecvWr, RtrAttr,
-    RtsAttr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, CcAlgorithm, CcConfig, Counters, InitAttr, PathMtu, PostError, QpCaps, QpError,
+    QpState, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 pub use ferroce_wire::Psn;

@@ -142,6 +142,10 @@ impl QueuePair {
             )));
         }
         let dest = SocketAddr::new(peer_ip, dest_udp_port);
+        // A peer on this host is reached through no shared link (see
+        // `ContextOptions::congestion_to_local_peers`).
+        let uncontrolled_path =
+            !self.ctx.shared.congestion_to_local_peers && is_local_address(peer_ip);
         // The QP's socket stays unconnected, though it sends only to its peer: Linux gives
         // datagrams with DF set from a connected socket an incrementing IPv4 Identification,
         // and the ICRC covers that field — the packets would leave with ICRCs computed for
@@ -150,6 +154,16 @@ impl QueuePair {
             let mut core = self.shared.qp.lock();
             core.modify_to_rtr(attr)?;
             core.peer = Some(dest);
+            if !core.congestion_chosen {
+                // Decided per connection: a QP reset and connected again may have another peer.
+                let mut cc = self.ctx.shared.congestion;
+                if uncontrolled_path {
+                    cc.algorithm = ferroce_proto::CcAlgorithm::Off;
+                }
+                if core.congestion_control() != cc {
+                    core.set_congestion_control(cc);
+                }
+            }
             self.shared.publish_state(&core);
         }
         if let (Some(host), Some(shm)) = (&self.ctx.shared.shm, &self.shared.shm) {
@@ -288,10 +302,20 @@ impl QueuePair {
         self.shared.qp.lock().selective_repeat()
     }
 
+    /// The congestion control this QP runs now (decided at RTR unless set; see
+    /// [`set_congestion_control`](Self::set_congestion_control)).
+    pub fn congestion_control(&self) -> ferroce_proto::CcConfig {
+        self.shared.qp.lock().congestion_control()
+    }
+
     /// Sets this QP's congestion control (the context's
-    /// [`crate::ContextOptions::congestion`] by default); the window starts over.
+    /// [`crate::ContextOptions::congestion`] by default, none toward a peer on this host
+    /// unless [`crate::ContextOptions::congestion_to_local_peers`]); the window starts over.
+    /// The choice holds whoever the peer turns out to be.
     pub fn set_congestion_control(&self, config: ferroce_proto::CcConfig) {
-        self.shared.qp.lock().set_congestion_control(config);
+        let mut core = self.shared.qp.lock();
+        core.set_congestion_control(config);
+        core.congestion_chosen = true;
     }
 
     /// Takes the peer's hello now if this QP waits for it: it is most likely in the socket

@@ -32,6 +32,9 @@ pub(crate) struct QpCore {
     pub direct_ops: u64,
     /// Set when the QP is destroyed: from then on no ACK is held back (nobody would send it).
     pub retired: bool,
+    /// Whether the application chose this QP's congestion control itself (then RTR keeps it,
+    /// whoever the peer is; see `ContextOptions::congestion_to_local_peers`).
+    pub congestion_chosen: bool,
 }
 
 impl QpCore {
@@ -44,6 +47,7 @@ impl QpCore {
             mr_cache: MrCache::default(),
             direct_ops: 0,
             retired: false,
+            congestion_chosen: false,
         }
     }
 }
