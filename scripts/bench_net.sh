@@ -11,16 +11,20 @@
 #   ecn_1                 one flow at 1 Gbit/s, 1 % of ECT packets marked CE at random
 #   probe_idle probe_load an 8 B ping-pong on an idle link, and beside 4 bulk flows
 #   allreduce             all_reduce_perf, 4 ranks on 2 hosts (2 each), against Open MPI over TCP
-# ferroce: `ferroce perf write_bw -s 65536 -q N --duration D` (one process per side, N QPs, each
-# QP its own window of 128 messages; per-QP bytes from its JSON); incast: 8 such pairs, one QP
-# each. TCP: iperf3 -P N for the same D seconds (incast: 8 iperf3 pairs). Flows send from host
+# ferroce: `ferroce perf write_bw -s 65536 -q N --duration D --events` (one process per side, N
+# QPs, each QP its own window of 128 messages; per-QP bytes from its JSON); incast: 8 such pairs,
+# one QP each. --events (perftest's -e): the client sleeps on completion events while its windows
+# are full, as a throughput program on a shared host would (and as iperf3 sleeps in the kernel);
+# a busy-polling client holds a CPU of the 2 all the time, and 8 of them starve the receivers'
+# engines (WAIT=poll measures that way). TCP: iperf3 -P N for the same D seconds (incast: 8 iperf3 pairs). Flows send from host
 # A to host B in both.
 # Columns: goodput = bytes delivered in the D seconds / D, summed over flows (MB = 10^6 B);
 # retx/deliv = retransmitted bytes per delivered byte (ferroce: the sender's counters,
 # retransmits x sent_bytes/sent_pkts; TCP: iperf3's retransmitted segments x MSS); Jain's
 # fairness index over the per-flow goodputs ((sum x)^2 / (n sum x^2); 1 is fair, 1/n is one flow
 # taking everything); probe = round trip of an 8 B ping-pong in us, p50/p99: ferroce
-# `perf write_lat -s 8` (its reported half round trip x 2) beside ferroce bulk flows, a TCP
+# `perf write_lat -s 8` (busy-polling; its reported half round trip x 2; PROBE=send_lat_events
+# for an 8 B SEND ping-pong that sleeps on events instead) beside ferroce bulk flows, a TCP
 # ping-pong of 8 B (TCP_NODELAY, Python, tens of us of its own; one ping every 2 ms at most,
 # so its 1000 samples span 2 s of the load; ferroce's probe is not paced, its round trips
 # under load are of the order of the queue, ms) beside iperf3. Every figure is
@@ -33,12 +37,15 @@
 #   sudo scripts/bench_net.sh                     # root: namespaces, tc, nft
 #   sudo CASES="1g_1 1g_4 loss_1" REPS=1 scripts/bench_net.sh
 # Environment: REPS (3), DURATION seconds per run (8), CASES (names or globs; all), FERROCE (a
-# prebuilt ferroce binary; else built here), OUT (keep every run's raw output there).
+# prebuilt ferroce binary; else built here), OUT (keep every run's raw output there), WAIT
+# (events, or poll for busy-polling bulk clients), PROBE (write_lat, or send_lat_events).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
 D=${DURATION:-8}
 CASES=${CASES:-all}
+WAIT=${WAIT:-events}
+PROBE=${PROBE:-write_lat}
 ALL_CASES="1g_1 1g_4 1g_16 10g_1 10g_4 10g_16 loss_0.1 loss_1 loss_5 incast_8 ecn_1 probe_idle probe_load allreduce"
 for tool in ip tc nft iperf3 ss python3 timeout; do
   command -v $tool >/dev/null || { echo "bench_net: $tool is not installed" >&2; exit 1; }
@@ -143,6 +150,7 @@ wait_listen() { # NS PORT: until something listens on TCP PORT in NS (10 s at mo
 ferroce_flows() {
   local out=$1 qps=$2; shift 2
   local common=(perf write_bw -s 65536 -q "$qps" --duration "$D" --timeout 5 --json)
+  [ "$WAIT" = events ] && common+=(--events)
   local n=0 spids=() cpids=()
   for pair in "$@"; do
     IFS=: read -r sns sip cns port <<<"$pair"
@@ -194,13 +202,14 @@ tcp_flows() {
 # Probes, from A to B, after a second of whatever else runs: ITERS round trips.
 PROBE_ITERS=1000
 ferroce_probe() { # OUT
-  timeout 40 ip netns exec "$B" "$F" perf write_lat -s 8 -n $PROBE_ITERS --timeout 10 --json \
+  local probe=(perf write_lat -s 8 -n $PROBE_ITERS --timeout 10 --json)
+  [ "$PROBE" = send_lat_events ] && probe=(perf send_lat --events -s 8 -n $PROBE_ITERS --timeout 10 --json)
+  timeout 40 ip netns exec "$B" "$F" "${probe[@]}" \
     --bind $IP_B -p 18700 >"$1.server" 2>&1 &
   local sp=$!
   pids+=($sp)
   wait_listen "$B" 18700 || true
-  timeout 30 ip netns exec "$A" "$F" perf write_lat -s 8 -n $PROBE_ITERS --timeout 10 --json \
-    -p 18700 $IP_B >"$1" 2>"$1.err" || true
+  timeout 30 ip netns exec "$A" "$F" "${probe[@]}" -p 18700 $IP_B >"$1" 2>"$1.err" || true
   kill $sp 2>/dev/null || true; wait $sp 2>/dev/null || true
 }
 tcp_probe() { # OUT

@@ -138,6 +138,13 @@ pub struct PerfArgs {
     /// progress back to the engine). What perftest over the drop-in measures, minus the C ABI.
     #[arg(long)]
     pub(super) wait_like_perftest: bool,
+    /// Sleep on completion events instead of busy-polling the CQ when it is empty (perftest's
+    /// -e), in the bandwidth tests' loops: a process then takes a CPU only for the work itself,
+    /// which is what lets many of them share a small machine (bench_net's flows). The engine
+    /// thread moves the packets meanwhile; each wait costs a wake-up (tens of µs on a busy
+    /// host), which a window of --tx-depth messages hides.
+    #[arg(long, short = 'e')]
+    pub(super) events: bool,
     /// GID index of the local device (perftest's -x).
     #[arg(long = "gid-index", short = 'x')]
     pub(super) gid_index: Option<usize>,

@@ -44,6 +44,18 @@ fn e<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 
 /// Runs the command.
 pub fn run(args: &PerfArgs) -> Res<ExitCode> {
+    if args.events && args.perftest {
+        return Err(
+            "--events is ferroce's own here; --perftest waits as perftest's defaults do".into(),
+        );
+    }
+    if args.events && matches!(args.test, Test::WriteLat) {
+        return Err(
+            "write_lat waits on the flag in memory, which raises no completion event: \
+             send_lat --events is the ping-pong that sleeps"
+                .into(),
+        );
+    }
     if args.perftest {
         return perftest::run(args);
     }
@@ -245,6 +257,9 @@ fn serve(args: &PerfArgs, listener: &Listener) -> Res<()> {
                     }
                     if n == 0 && Instant::now() > deadline {
                         return Err(format!("send_bw: {got} of {total} messages arrived"));
+                    }
+                    if n == 0 {
+                        idle_wait(&s, deadline)?;
                     }
                 }
                 if args.verify {

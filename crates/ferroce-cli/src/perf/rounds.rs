@@ -179,11 +179,16 @@ pub(super) fn bw_round(
             done += 1;
             times.push(now);
         }
-        if n == 0 && Instant::now() > deadline + Duration::from_secs(size * total / (50 << 20)) {
+        let give_up = deadline + Duration::from_secs(size * total / (50 << 20));
+        if n == 0 && Instant::now() > give_up {
             return Err(format!(
                 "{} of {total} operations completed before the timeout",
                 done
             ));
+        }
+        if n == 0 {
+            // The window is full, or everything is posted: nothing to do until a completion.
+            idle_wait(s, give_up)?;
         }
     }
     Ok(times)
@@ -290,6 +295,12 @@ pub(super) fn bw_round_timed(
                 out.outstanding = outstanding;
                 return Ok(out);
             }
+            if n == 0 {
+                idle_wait(s, until)?;
+            }
+        } else if n == 0 {
+            // Every QP's window is full (or failed): nothing to post until a completion.
+            idle_wait(s, end)?;
         }
     }
 }

@@ -42,6 +42,8 @@ pub(super) struct Session {
     pub(super) local: Vec<EndpointInfo>,
     /// `--wait-like-perftest`.
     pub(super) wait_like_perftest: bool,
+    /// The CQ's completion channel, with `--events`.
+    pub(super) channel: Option<ferroce::CompletionChannel>,
 }
 
 impl Session {
@@ -88,8 +90,13 @@ pub(super) fn setup(
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let nq = usize::from(args.qps);
     let depth = args.tx_depth.max(512) as usize;
+    let channel = if args.events {
+        Some(ctx.create_comp_channel().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let cq = ctx
-        .create_cq(depth * nq * 2 + 1024, None)
+        .create_cq(depth * nq * 2 + 1024, channel.as_ref())
         .map_err(|e| e.to_string())?;
     let caps = QpCaps {
         max_send_wr: depth as u32 * 2,
@@ -157,6 +164,7 @@ pub(super) fn setup(
         mtu,
         local,
         wait_like_perftest: args.wait_like_perftest,
+        channel,
     };
     s.sync(args.timeout())?;
     Ok(s)

@@ -138,6 +138,8 @@ pub(super) fn wait_recv(s: &Session, deadline: Instant) -> Res<WorkCompletion> {
             }
         } else if Instant::now() > deadline {
             return Err("the peer stopped answering".into());
+        } else {
+            idle_wait(s, deadline)?;
         }
     }
 }
@@ -151,6 +153,8 @@ pub(super) fn wait_send(s: &Session, deadline: Instant) -> Res<WorkCompletion> {
             }
         } else if Instant::now() > deadline {
             return Err("the peer stopped answering".into());
+        } else {
+            idle_wait(s, deadline)?;
         }
     }
 }
@@ -174,4 +178,26 @@ pub(super) const FLAG_LOOKS_PER_POLL_SHM: usize = 256;
 
 pub(super) fn flag_of(i: u64) -> u8 {
     (i % 250) as u8 + 1
+}
+
+/// The longest one sleep on a completion event lasts: the callers check their deadlines
+/// (and the end of a timed round) between two.
+const EVENT_WAIT_MAX: Duration = Duration::from_millis(10);
+
+/// After a poll that found the CQ empty: with `--events`, sleeps until its next completion
+/// (or `until`, or [`EVENT_WAIT_MAX`]); without, returns at once (the caller busy-polls).
+pub(super) fn idle_wait(s: &Session, until: Instant) -> Res<()> {
+    let Some(channel) = &s.channel else {
+        return Ok(());
+    };
+    s.cq.req_notify(false).map_err(|e| e.to_string())?;
+    // A completion that came before the CQ was armed raises no event.
+    if !s.cq.is_empty() {
+        return Ok(());
+    }
+    let left = until.saturating_duration_since(Instant::now());
+    channel
+        .get_event(Some(left.min(EVENT_WAIT_MAX)))
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }

@@ -14,7 +14,8 @@
 //! otherwise burns no CPU. A transport timer due within [`SPIN`] (a short retransmission
 //! timeout, a pacing gap) is waited for spinning: a sleep and wake-up costs tens of µs on a
 //! busy machine, and the sleep itself ends up to the timer slack late, which the thread sets
-//! to [`TIMER_SLACK`] for the timers it does sleep for. While an application thread is driving
+//! to [`TIMER_SLACK`] for the timers it does sleep for. Where other threads wait for the CPUs
+//! it does not spin at all (see [`super::contention`]). While an application thread is driving
 //! progress itself, the engine thread stays out of its way and only checks in every few
 //! milliseconds.
 //!
@@ -541,6 +542,7 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
     let sock = shared.udp.fd();
     let bell = shared.doorbell_fd.fd();
     let mut fds = Vec::new();
+    let mut contention = super::contention::Contention::for_this_thread();
     // Best effort: without it, sleeps for timers end up to 50 µs late.
     os::set_timer_slack(TIMER_SLACK);
     while !shared.shutdown.load(Ordering::Acquire) {
@@ -552,9 +554,12 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
             continue;
         }
         // While an application drives progress its passes run the timers; otherwise a
-        // transport timer due within SPIN is waited for here.
+        // transport timer due within SPIN is waited for here, unless others wait for the CPU.
         let timer_near = timer.is_some_and(|d| d.saturating_since(now) < SPIN);
-        if !app_driving && (last_work.elapsed() < SPIN || timer_near) {
+        if !app_driving
+            && (last_work.elapsed() < SPIN || timer_near)
+            && contention.may_spin(std::time::Instant::now())
+        {
             std::hint::spin_loop();
             continue;
         }
@@ -585,6 +590,7 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
             }
         }
         let _ = os::wait_readable(&fds, timeout);
+        contention.slept();
         shared.set_sleeping(false);
         shared.doorbell_fd.drain();
     }

@@ -49,6 +49,7 @@
 //! would be a measurable part of that. The seam is a set of names and rules instead, and the
 //! compiler sees through it.
 
+pub(crate) mod contention;
 pub(crate) mod engine;
 pub(crate) mod shm;
 pub(crate) mod udp;

@@ -1,0 +1,211 @@
+//! Whether the engine thread's spinning takes a CPU that someone else is waiting for.
+//!
+//! An idle engine thread spins for [`super::engine::SPIN`] before it sleeps, and waits for a
+//! near transport timer (a pacing gap, a short retransmission timeout) spinning too: on a host
+//! with a core to spare, that saves a wake-up of tens of µs per packet. On a host with more
+//! runnable threads than cores it is the opposite. A 1 Gbit/s stream paced every 12 µs kept
+//! each engine thread spinning all the time, so a few ferroce processes took both cores of a
+//! 2-vCPU machine: an 8 B ping-pong beside four such flows saw a p99 round trip of 12 ms
+//! (CFS time slices) against 137 µs with no spinning, and eight senders into one receiver
+//! delivered half of what they did without it (`scripts/bench_net.sh`, cases `probe_load`
+//! and `incast_8`).
+//!
+//! The kernel says how long this thread has been runnable but waiting for a CPU: the second
+//! field of `/proc/thread-self/schedstat` (its run delay). While the thread spins, that is read
+//! every [`CHECK_PERIOD`]; a period in which it waited for at least [`CONTENDED_SHARE`] of the
+//! time means the CPUs are oversubscribed, and for the next [`HOLD`] the engine thread sleeps
+//! whenever it has nothing to do, timers included (with a timer slack of a few µs). After
+//! that it spins again, and looks again. Where the file cannot be read (no `/proc`, a kernel
+//! without scheduler statistics), the thread spins as before.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+/// How often a spinning engine thread reads its run delay.
+pub(crate) const CHECK_PERIOD: Duration = Duration::from_millis(1);
+/// The share of a period spent waiting for a CPU that makes the CPUs contended: a thread
+/// alone on its core waits a few µs per ms at most (interrupts, kernel threads).
+pub(crate) const CONTENDED_SHARE: f64 = 0.1;
+/// How long the engine thread keeps from spinning once it found the CPUs contended.
+pub(crate) const HOLD: Duration = Duration::from_millis(50);
+
+/// The run delay of the thread that opened it.
+#[derive(Debug)]
+struct RunDelay(File);
+
+impl RunDelay {
+    /// Opens the calling thread's scheduler statistics (read later from the same file, they
+    /// stay that thread's, whoever reads them).
+    fn open() -> Option<RunDelay> {
+        // The file exists only on kernels that keep scheduler statistics.
+        let mut r = RunDelay(File::open("/proc/thread-self/schedstat").ok()?);
+        r.read().map(|_| r)
+    }
+
+    /// The total time the thread has waited runnable for a CPU.
+    fn read(&mut self) -> Option<Duration> {
+        let mut buf = [0u8; 96];
+        let n = self.0.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let ns: u64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+        Some(Duration::from_nanos(ns))
+    }
+}
+
+/// The engine thread's view of CPU contention (see the module doc).
+#[derive(Debug)]
+pub(crate) struct Contention {
+    delay: Option<RunDelay>,
+    /// When the current period began, and the run delay then.
+    period: Option<(Instant, Duration)>,
+    /// Until when the thread does not spin.
+    contended_until: Option<Instant>,
+    /// Periods found contended since the thread started (for tests and reports).
+    contended_periods: u64,
+}
+
+impl Contention {
+    /// A view for the calling thread; it must be the engine thread itself.
+    pub(crate) fn for_this_thread() -> Contention {
+        Contention {
+            delay: RunDelay::open(),
+            period: None,
+            contended_until: None,
+            contended_periods: 0,
+        }
+    }
+
+    /// Whether the thread may spin now: called each time it would. Reads the run delay once
+    /// per [`CHECK_PERIOD`] of spinning.
+    pub(crate) fn may_spin(&mut self, now: Instant) -> bool {
+        if self.contended_until.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.contended_until = None;
+        let Some(delay) = &mut self.delay else {
+            return true;
+        };
+        let Some(waited) = delay.read_if_due(now, &mut self.period) else {
+            return true;
+        };
+        if waited {
+            self.contended_periods += 1;
+            self.contended_until = Some(now + HOLD);
+            return false;
+        }
+        true
+    }
+
+    /// A sleep happened: the next spin starts a new period (time asleep is no one's CPU).
+    pub(crate) fn slept(&mut self) {
+        self.period = None;
+    }
+
+    /// Periods found contended so far.
+    #[cfg(test)]
+    pub(crate) fn contended_periods(&self) -> u64 {
+        self.contended_periods
+    }
+}
+
+impl RunDelay {
+    /// At the end of a period of spinning, whether the thread waited for a CPU for at least
+    /// [`CONTENDED_SHARE`] of it (and a new period begins); `None` within a period or when
+    /// the statistics cannot be read.
+    fn read_if_due(
+        &mut self,
+        now: Instant,
+        period: &mut Option<(Instant, Duration)>,
+    ) -> Option<bool> {
+        match *period {
+            Some((start, _)) if now.duration_since(start) < CHECK_PERIOD => None,
+            Some((start, before)) => {
+                let after = self.read()?;
+                *period = Some((now, after));
+                let waited = after.saturating_sub(before).as_secs_f64();
+                Some(waited >= CONTENDED_SHARE * now.duration_since(start).as_secs_f64())
+            }
+            None => {
+                *period = Some((now, self.read()?));
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spins `for_` on this thread, checking as the engine thread does; how many periods
+    /// were found contended.
+    fn spin_checking(c: &mut Contention, for_: Duration) -> u64 {
+        let start = Instant::now();
+        let before = c.contended_periods();
+        while start.elapsed() < for_ {
+            let _ = c.may_spin(Instant::now());
+            std::hint::spin_loop();
+        }
+        c.contended_periods() - before
+    }
+
+    #[test]
+    fn a_thread_among_spinners_on_its_cpu_finds_the_cpu_contended() {
+        let mut c = Contention::for_this_thread();
+        if c.delay.is_none() {
+            // Without scheduler statistics the thread must spin as it always did.
+            assert!(c.may_spin(Instant::now()));
+            return;
+        }
+        // Pin this thread and as many spinners as it takes to oversubscribe to one CPU.
+        let cpu = first_allowed_cpu();
+        pin_to(cpu);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinners: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    pin_to(cpu);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let found = spin_checking(&mut c, Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in spinners {
+            s.join().unwrap();
+        }
+        assert!(
+            found > 0,
+            "three spinners on one CPU: no period found contended"
+        );
+        assert!(
+            !c.may_spin(Instant::now()),
+            "the hold must follow a contended period"
+        );
+    }
+
+    fn first_allowed_cpu() -> usize {
+        // SAFETY: `set` is a plain bitmask owned by this frame; sched_getaffinity writes at most
+        // `size_of::<cpu_set_t>()` bytes into it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &set))
+                .unwrap_or(0)
+        }
+    }
+
+    fn pin_to(cpu: usize) {
+        // SAFETY: as above; sched_setaffinity only reads the mask.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
