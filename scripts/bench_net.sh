@@ -46,6 +46,10 @@ D=${DURATION:-8}
 CASES=${CASES:-all}
 WAIT=${WAIT:-events}
 PROBE=${PROBE:-write_lat}
+case "$WAIT" in events | poll) ;; *) echo "bench_net: WAIT is events or poll, not $WAIT" >&2; exit 1 ;; esac
+case "$PROBE" in write_lat | send_lat_events) ;;
+  *) echo "bench_net: PROBE is write_lat or send_lat_events, not $PROBE" >&2; exit 1 ;;
+esac
 ALL_CASES="1g_1 1g_4 1g_16 10g_1 10g_4 10g_16 loss_0.1 loss_1 loss_5 incast_8 ecn_1 probe_idle probe_load allreduce"
 for tool in ip tc nft iperf3 ss python3 timeout; do
   command -v $tool >/dev/null || { echo "bench_net: $tool is not installed" >&2; exit 1; }

@@ -313,12 +313,20 @@ fn tests_that_sleep_on_completion_events_move_every_byte() {
         ] {
             let args = [
                 extra,
-                &["--events", "--verify", "--json", "--provider", provider],
+                &[
+                    "--events",
+                    "--verify",
+                    "--json",
+                    "--counters",
+                    "--provider",
+                    provider,
+                ],
             ]
             .concat();
             let (s, c) = pair(test, &args);
             assert_ok(&format!("{test} --events over {provider}"), &s, &c);
-            let v = &json_lines(&c)[0];
+            let lines = json_lines(&c);
+            let v = &lines[0];
             assert!(
                 v["iterations"].as_u64().is_some_and(|n| n > 0),
                 "{test}: {v}"
@@ -326,6 +334,14 @@ fn tests_that_sleep_on_completion_events_move_every_byte() {
             if v.get("finished").is_some() {
                 assert_eq!(v["finished"], true, "{test}: {v}");
             }
+            // The client waited on its channel. A latency test over UDP must have slept: each
+            // answer is a round trip away when it starts waiting. (A bandwidth test's window
+            // may always hold a completion by the time it looks, and over shared memory a
+            // one-sided operation completes inside its post.)
+            let waits = lines.iter().find_map(|l| l["event_waits"].as_u64());
+            let must_sleep = provider == "udp" && test.ends_with("_lat");
+            let slept = waits.is_some_and(|n| n > 0 || !must_sleep);
+            assert!(slept, "{test} over {provider}: {lines:?}");
         }
     }
 }

@@ -413,6 +413,21 @@ impl QueuePair {
         self.req.rtt().srtt()
     }
 
+    /// The smallest RTT this QP measured within [`crate::rtt::MIN_RTT_WINDOW`], once measured.
+    pub fn min_rtt(&self) -> Option<core::time::Duration> {
+        (self.req.rtt().samples() > 0).then(|| self.req.rtt().min_rtt())
+    }
+
+    /// Tells the QP the smallest recent RTT that other QPs to the same peer measured, or
+    /// forgets it. The delay-based window measures queueing against the smaller of that and
+    /// its own: a QP that starts while others already fill the bottleneck's queue sees only
+    /// queued round trips, would take the queue for the path's base delay and never yield it
+    /// (TCP Vegas' latecomer problem). The host knows better: the first of them saw the path
+    /// empty.
+    pub fn set_path_min_rtt(&mut self, rtt: Option<core::time::Duration>) {
+        self.req.set_path_min_rtt(rtt);
+    }
+
     /// Caps the rate at which data packets leave (bytes per second), or lifts the cap: the
     /// hook for an ECN reaction point.
     pub fn set_rate_cap(&mut self, cap: Option<u64>) {

@@ -341,6 +341,8 @@ pub(crate) struct Requester {
     tlp_sent: bool,
     /// The path never loses a packet (a shared-memory ring): only the IBTA timeout resends.
     lossless: bool,
+    /// The smallest RTT other QPs on the same path measured (see `set_path_min_rtt`).
+    path_min_rtt: Option<Duration>,
     /// How many PSNs after `sacked_from` the last SACK said the peer keeps (packets that
     /// left the network): while `una` is still `sacked_from`, the window counts only what is
     /// in flight, so new packets keep leaving while the holes are resent (TCP's "pipe").
@@ -409,6 +411,19 @@ impl Requester {
     /// Whether the path is taken to be lossless.
     pub fn lossless_path(&self) -> bool {
         self.lossless
+    }
+
+    /// Tells the requester the smallest recent RTT of other QPs on the same path (see
+    /// `QueuePair::set_path_min_rtt`).
+    pub fn set_path_min_rtt(&mut self, rtt: Option<Duration>) {
+        self.path_min_rtt = rtt;
+    }
+
+    /// The delay without queues that queueing delay is measured against: this QP's smallest
+    /// recent RTT, or the path's where that is smaller.
+    fn base_rtt(&self) -> Duration {
+        let own = self.rtt.min_rtt();
+        self.path_min_rtt.map_or(own, |p| p.min(own))
     }
 
     /// Caps the pacing rate (bytes per second), or lifts the cap.
@@ -587,7 +602,7 @@ impl Requester {
         }
         let rtt = now.saturating_since(s.at);
         self.rtt.on_sample(now, rtt);
-        self.fresh_delay = Some(rtt.saturating_sub(self.rtt.min_rtt()));
+        self.fresh_delay = Some(rtt.saturating_sub(self.base_rtt()));
     }
 
     fn arm(&mut self, p: &Params, now: Instant) {

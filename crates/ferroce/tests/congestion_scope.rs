@@ -118,6 +118,8 @@ fn a_peer_on_this_host_gets_no_window_by_default() {
         assert_eq!(cc.target_delay, CcConfig::default().target_delay);
     }
     writes_land(&a, &qa, &b);
+    // And no window applied to what was sent.
+    assert_eq!(qa.congestion_window(), None);
 }
 
 #[test]
@@ -128,6 +130,9 @@ fn congestion_to_local_peers_keeps_the_window_on_loopback() {
     assert_eq!(qa.congestion_control().algorithm, CcAlgorithm::Delay);
     assert_eq!(qb.congestion_control().algorithm, CcAlgorithm::Delay);
     writes_land(&a, &qa, &b);
+    assert!(qa.congestion_window().is_some_and(|w| w > 0.0));
+    // The window measured the path: a round trip is known.
+    assert!(qa.round_trip().is_some());
 }
 
 #[test]
@@ -143,6 +148,11 @@ fn a_qp_s_own_choice_holds_whoever_the_peer_is() {
     assert_eq!(qa.congestion_control(), mine);
     assert_eq!(qb.congestion_control().algorithm, CcAlgorithm::Off);
     writes_land(&a, &qa, &b);
+    // Reset and connected elsewhere, it still runs what it was given.
+    qa.reset();
+    let far = gid_of(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)));
+    rtr_to(&qa, far, 0x11, 4791);
+    assert_eq!(qa.congestion_control(), mine);
 }
 
 #[test]

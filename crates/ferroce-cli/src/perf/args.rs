@@ -139,10 +139,11 @@ pub struct PerfArgs {
     #[arg(long)]
     pub(super) wait_like_perftest: bool,
     /// Sleep on completion events instead of busy-polling the CQ when it is empty (perftest's
-    /// -e), in the bandwidth tests' loops: a process then takes a CPU only for the work itself,
+    /// -e): in the bandwidth tests and in send_lat, read_lat and atomic_lat (write_lat waits
+    /// on memory, which raises no event). A process then takes a CPU only for the work itself,
     /// which is what lets many of them share a small machine (bench_net's flows). The engine
-    /// thread moves the packets meanwhile; each wait costs a wake-up (tens of µs on a busy
-    /// host), which a window of --tx-depth messages hides.
+    /// thread moves the packets meanwhile; each wait costs wake-ups (tens of µs on a busy
+    /// host), which a window of --tx-depth messages hides and a latency test pays.
     #[arg(long, short = 'e')]
     pub(super) events: bool,
     /// GID index of the local device (perftest's -x).

@@ -509,7 +509,31 @@ fn print_counters(args: &PerfArgs, s: &Session) {
             .iter()
             .map(|&(k, v)| (k.to_string(), v.into()))
             .collect();
-        println!("{}", serde_json::json!({ "counters": map }));
+        // And each QP's congestion state: how the flows of one run shared a bottleneck.
+        let per_qp: Vec<serde_json::Value> = s
+            .qps
+            .iter()
+            .map(|q| {
+                let c = q.counters();
+                let rtt = q.round_trip();
+                serde_json::json!({
+                    "cwnd": q.congestion_window(),
+                    "srtt_us": rtt.map(|r| r.0.as_secs_f64() * 1e6),
+                    "min_rtt_us": rtt.map(|r| r.1.as_secs_f64() * 1e6),
+                    "retransmits": c.retransmits,
+                    "rto_fired": c.rto_fired,
+                    "sent_pkts": c.sent_pkts,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "counters": map,
+                "per_qp": per_qp,
+                "event_waits": s.channel.as_ref().map(|_| s.event_waits.get()),
+            })
+        );
     } else {
         println!(" Counters (this side):");
         for (k, v) in named {

@@ -44,6 +44,8 @@ pub(super) struct Session {
     pub(super) wait_like_perftest: bool,
     /// The CQ's completion channel, with `--events`.
     pub(super) channel: Option<ferroce::CompletionChannel>,
+    /// How many times this side slept on the channel (reported with `--counters`).
+    pub(super) event_waits: std::cell::Cell<u64>,
 }
 
 impl Session {
@@ -165,6 +167,7 @@ pub(super) fn setup(
         local,
         wait_like_perftest: args.wait_like_perftest,
         channel,
+        event_waits: std::cell::Cell::new(0),
     };
     s.sync(args.timeout())?;
     Ok(s)

@@ -196,6 +196,7 @@ pub(super) fn idle_wait(s: &Session, until: Instant) -> Res<()> {
         return Ok(());
     }
     let left = until.saturating_duration_since(Instant::now());
+    s.event_waits.set(s.event_waits.get() + 1);
     channel
         .get_event(Some(left.min(EVENT_WAIT_MAX)))
         .map_err(|e| e.to_string())?;

@@ -16,7 +16,8 @@
 //! time means the CPUs are oversubscribed, and for the next [`HOLD`] the engine thread sleeps
 //! whenever it has nothing to do, timers included (with a timer slack of a few µs). After
 //! that it spins again, and looks again. Where the file cannot be read (no `/proc`, a kernel
-//! without scheduler statistics), the thread spins as before.
+//! without scheduler statistics), the thread spins as before. Only the engine thread reads
+//! it, for itself.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -30,26 +31,36 @@ pub(crate) const CONTENDED_SHARE: f64 = 0.1;
 /// How long the engine thread keeps from spinning once it found the CPUs contended.
 pub(crate) const HOLD: Duration = Duration::from_millis(50);
 
-/// The run delay of the thread that opened it.
+/// The calling thread's run delay. The file is opened for each reading (once per
+/// [`CHECK_PERIOD`] of spinning, a few µs) rather than kept: a context's engine thread holds
+/// no descriptor of its own, so what a context keeps open is what its owner opened.
 #[derive(Debug)]
-struct RunDelay(File);
+struct RunDelay;
 
 impl RunDelay {
-    /// Opens the calling thread's scheduler statistics (read later from the same file, they
-    /// stay that thread's, whoever reads them).
+    /// Whether this kernel keeps scheduler statistics for the calling thread: the file exists,
+    /// and the thread's time on a CPU (its first field) is counted — some kernels show the
+    /// file with zeros when the statistics are off.
     fn open() -> Option<RunDelay> {
-        // The file exists only on kernels that keep scheduler statistics.
-        let mut r = RunDelay(File::open("/proc/thread-self/schedstat").ok()?);
-        r.read().map(|_| r)
+        let (on_cpu, _) = Self::fields()?;
+        (on_cpu > 0).then_some(RunDelay)
     }
 
-    /// The total time the thread has waited runnable for a CPU.
+    /// The total time the calling thread has waited runnable for a CPU.
     fn read(&mut self) -> Option<Duration> {
+        Self::fields().map(|(_, waited)| Duration::from_nanos(waited))
+    }
+
+    /// The first two fields: nanoseconds on a CPU, and waiting for one.
+    fn fields() -> Option<(u64, u64)> {
         let mut buf = [0u8; 96];
-        let n = self.0.read_at(&mut buf, 0).ok()?;
+        let n = File::open("/proc/thread-self/schedstat")
+            .ok()?
+            .read_at(&mut buf, 0)
+            .ok()?;
         let text = std::str::from_utf8(&buf[..n]).ok()?;
-        let ns: u64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
-        Some(Duration::from_nanos(ns))
+        let mut fields = text.split_ascii_whitespace().map(|f| f.parse::<u64>().ok());
+        Some((fields.next()??, fields.next()??))
     }
 }
 
@@ -193,7 +204,10 @@ mod tests {
         // `size_of::<cpu_set_t>()` bytes into it.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
             (0..libc::CPU_SETSIZE as usize)
                 .find(|&c| libc::CPU_ISSET(c, &set))
                 .unwrap_or(0)
@@ -205,7 +219,10 @@ mod tests {
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
         }
     }
 }

@@ -253,6 +253,8 @@ pub(crate) struct ContextShared {
     pub congestion: ferroce_proto::CcConfig,
     /// See [`ContextOptions::congestion_to_local_peers`].
     pub congestion_to_local_peers: bool,
+    /// The base RTT of each peer's path, shared by the QPs to it.
+    pub path_rtts: crate::provider::path_rtt::PathRtts,
     /// See [`ContextOptions::selective_repeat`].
     pub selective_repeat: bool,
     pub epoch: std::time::Instant,
@@ -481,6 +483,7 @@ impl Context {
             icrc_strict: options.icrc_strict,
             congestion: options.congestion,
             congestion_to_local_peers: options.congestion_to_local_peers,
+            path_rtts: Default::default(),
             selective_repeat: options.selective_repeat,
             epoch: std::time::Instant::now(),
             engine: Mutex::new(EngineState::new()),

@@ -127,6 +127,13 @@ pub(crate) struct CqInner {
 /// ping-pong beside bulk flows on 2 vCPUs saw p99 round trips of 12 ms so. Yielding lets such
 /// a thread run at once; with nobody waiting the call returns at once (a system call, well
 /// under a µs). A ping-pong whose answer comes within this many polls never yields.
+///
+/// "Empty" means no completion and no packet moved by the poll's own pass: a WRITE's data
+/// landing over UDP is a packet moved, so a loop that watches memory for it resets the count
+/// too. Over shared memory only (no QP of the context on its socket) a peer's WRITE lands
+/// with neither, so the count is not kept there. The count is the CQ's, not a thread's: with
+/// several threads polling one CQ it is a heuristic (one thread's reset may be overwritten by
+/// another's increment), which costs at most a yield too early.
 pub(crate) const POLITE_AFTER_EMPTY_POLLS: u32 = 64;
 
 /// The next [`CompletionQueue::event_id`]: ids are never reused, so an event a destroyed CQ
@@ -147,13 +154,16 @@ impl CqInner {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.extend(wcs.iter().copied());
-            self.waiting.store(q.len(), Ordering::Release);
+            // SeqCst here and for `armed` below, as on the arming side (`req_notify`, then
+            // `len`): a completion pushed while the CQ is being armed is either seen waiting by
+            // the armer or finds the CQ armed and fires; never neither (a lost wake-up).
+            self.waiting.store(q.len(), Ordering::SeqCst);
             if q.len() > self.capacity {
                 self.overflowed.store(true, Ordering::Release);
             }
         }
         let Some(ch) = &self.channel else { return };
-        let armed = self.armed.load(Ordering::Acquire);
+        let armed = self.armed.load(Ordering::SeqCst);
         let fire = match armed {
             ARMED_ANY => true,
             // Errors always wake, as they would on hardware (they end the QP).
@@ -256,8 +266,11 @@ impl CompletionQueue {
         // A pass that moved packets counts as news too: a WRITE's data lands with no
         // completion here, and the thread may be waiting for exactly that (a latency test's flag).
         if n > 0 || progressed {
-            self.inner.empty_polls.store(0, Ordering::Relaxed);
-        } else if !out.is_empty() {
+            // Written only when it changes: the line is the CQ's, which the engine writes too.
+            if self.inner.empty_polls.load(Ordering::Relaxed) != 0 {
+                self.inner.empty_polls.store(0, Ordering::Relaxed);
+            }
+        } else if !out.is_empty() && self.ctx.shared.socket_in_use.load(Ordering::Relaxed) {
             let empty = self.inner.empty_polls.load(Ordering::Relaxed);
             if empty >= POLITE_AFTER_EMPTY_POLLS {
                 std::thread::yield_now();
@@ -302,16 +315,18 @@ impl CompletionQueue {
         } else {
             ARMED_ANY
         };
-        self.inner.armed.store(mode, Ordering::Release);
+        // SeqCst: see `CqInner::push`.
+        self.inner.armed.store(mode, Ordering::SeqCst);
         // Whoever arms a CQ waits for its event next, not by polling: the engine must read the
         // socket again at once.
         self.ctx.shared.end_hand_over();
         Ok(())
     }
 
-    /// Completions waiting now.
+    /// Completions waiting now. After [`req_notify`](Self::req_notify), a CQ found empty here
+    /// will fire its channel at the next completion.
     pub fn len(&self) -> usize {
-        self.inner.waiting.load(Ordering::Acquire)
+        self.inner.waiting.load(Ordering::SeqCst)
     }
 
     /// Whether no completion is waiting.
@@ -332,5 +347,46 @@ pub fn empty_wc() -> WorkCompletion {
         qp_num: 0,
         solicited: false,
         src_qp: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{device_by_name, ContextOptions, Provider};
+
+    #[test]
+    fn empty_polls_are_counted_up_to_the_yield_and_a_completion_resets_them() {
+        let ctx = device_by_name("lo")
+            .unwrap()
+            .open(&ContextOptions {
+                capture: None,
+                provider: Provider::Udp,
+                ..ContextOptions::with_port(0)
+            })
+            .unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let mut out = [empty_wc(); 4];
+        let count = || cq.inner.empty_polls.load(Ordering::Relaxed);
+        for _ in 0..10 {
+            assert_eq!(cq.poll(&mut out).unwrap(), 0);
+        }
+        assert_eq!(count(), 10);
+        // Past the threshold the count stays there (each further empty poll yields).
+        for _ in 0..2 * POLITE_AFTER_EMPTY_POLLS {
+            assert_eq!(cq.poll(&mut out).unwrap(), 0);
+        }
+        assert_eq!(count(), POLITE_AFTER_EMPTY_POLLS);
+        // A completion is news: the count starts over.
+        cq.inner.push(&[WorkCompletion {
+            wr_id: 7,
+            ..empty_wc()
+        }]);
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!(out[0].wr_id, 7);
+        assert_eq!(count(), 0);
+        // A poll with no room for a completion counts nothing.
+        assert_eq!(cq.poll(&mut []).unwrap(), 0);
+        assert_eq!(count(), 0);
     }
 }

@@ -144,8 +144,8 @@ impl QueuePair {
         let dest = SocketAddr::new(peer_ip, dest_udp_port);
         // A peer on this host is reached through no shared link (see
         // `ContextOptions::congestion_to_local_peers`).
-        let uncontrolled_path =
-            !self.ctx.shared.congestion_to_local_peers && is_local_address(peer_ip);
+        let uncontrolled_path = !self.ctx.shared.congestion_to_local_peers
+            && (peer_ip == local_ip || is_local_address(peer_ip));
         // The QP's socket stays unconnected, though it sends only to its peer: Linux gives
         // datagrams with DF set from a connected socket an incrementing IPv4 Identification,
         // and the ICRC covers that field — the packets would leave with ICRCs computed for
@@ -154,15 +154,16 @@ impl QueuePair {
             let mut core = self.shared.qp.lock();
             core.modify_to_rtr(attr)?;
             core.peer = Some(dest);
-            if !core.congestion_chosen {
-                // Decided per connection: a QP reset and connected again may have another peer.
+            // Decided per connection: a QP reset and connected again may have another peer.
+            let cc = core.congestion_chosen.unwrap_or_else(|| {
                 let mut cc = self.ctx.shared.congestion;
                 if uncontrolled_path {
                     cc.algorithm = ferroce_proto::CcAlgorithm::Off;
                 }
-                if core.congestion_control() != cc {
-                    core.set_congestion_control(cc);
-                }
+                cc
+            });
+            if core.congestion_control() != cc {
+                core.set_congestion_control(cc);
             }
             self.shared.publish_state(&core);
         }
@@ -204,6 +205,7 @@ impl QueuePair {
             core.peer_memory = None;
             core.peer = None;
             core.held_ack = None;
+            core.path_rtt_shared_at = None;
             self.shared.publish_state(&core);
         }
         // The next peer may be anyone.
@@ -302,6 +304,18 @@ impl QueuePair {
         self.shared.qp.lock().selective_repeat()
     }
 
+    /// The congestion window in packets (fractional below one: then paced), while a window
+    /// applies: what `ss -i` shows as cwnd for a TCP socket.
+    pub fn congestion_window(&self) -> Option<f64> {
+        self.shared.qp.lock().congestion_window()
+    }
+
+    /// The smoothed and the smallest recent round-trip time, once measured.
+    pub fn round_trip(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        let core = self.shared.qp.lock();
+        core.smoothed_rtt().zip(core.min_rtt())
+    }
+
     /// The congestion control this QP runs now (decided at RTR unless set; see
     /// [`set_congestion_control`](Self::set_congestion_control)).
     pub fn congestion_control(&self) -> ferroce_proto::CcConfig {
@@ -315,7 +329,7 @@ impl QueuePair {
     pub fn set_congestion_control(&self, config: ferroce_proto::CcConfig) {
         let mut core = self.shared.qp.lock();
         core.set_congestion_control(config);
-        core.congestion_chosen = true;
+        core.congestion_chosen = Some(config);
     }
 
     /// Takes the peer's hello now if this QP waits for it: it is most likely in the socket
@@ -425,9 +439,22 @@ impl Drop for QueuePair {
     }
 }
 
-/// Whether `ip` is an address of this host (of this network namespace): binding to it works.
+/// Whether `ip` is an address of this host (of this network namespace): the kernel routes to
+/// it through the loopback device, so a UDP socket connected to it (which sends nothing) takes
+/// it as its own source. Not "binding to it works": with `ip_nonlocal_bind` set (common on
+/// load balancers and keepalived hosts) every address binds. An IPv6 link-local address
+/// without a scope cannot be routed and counts as not local.
 pub(crate) fn is_local_address(ip: IpAddr) -> bool {
-    ip.is_loopback() || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+    if ip.is_loopback() {
+        return true;
+    }
+    let any = match ip {
+        IpAddr::V4(_) => IpAddr::from([0u8; 4]),
+        IpAddr::V6(_) => IpAddr::from([0u16; 8]),
+    };
+    std::net::UdpSocket::bind(SocketAddr::new(any, 0)).is_ok_and(|s| {
+        s.connect(SocketAddr::new(ip, 9)).is_ok() && s.local_addr().is_ok_and(|a| a.ip() == ip)
+    })
 }
 
 /// The attributes a connection fixes beyond what the peers exchange.

@@ -32,9 +32,12 @@ pub(crate) struct QpCore {
     pub direct_ops: u64,
     /// Set when the QP is destroyed: from then on no ACK is held back (nobody would send it).
     pub retired: bool,
-    /// Whether the application chose this QP's congestion control itself (then RTR keeps it,
-    /// whoever the peer is; see `ContextOptions::congestion_to_local_peers`).
-    pub congestion_chosen: bool,
+    /// The congestion control the application chose for this QP, if it did: each RTR applies
+    /// it whoever the peer is (see `ContextOptions::congestion_to_local_peers`), even after a
+    /// shared-memory link turned the window off for its peer.
+    pub congestion_chosen: Option<ferroce_proto::CcConfig>,
+    /// When this QP last offered its smallest RTT to the context's paths (see `path_rtt`).
+    pub path_rtt_shared_at: Option<ferroce_proto::Instant>,
 }
 
 impl QpCore {
@@ -47,7 +50,8 @@ impl QpCore {
             mr_cache: MrCache::default(),
             direct_ops: 0,
             retired: false,
-            congestion_chosen: false,
+            congestion_chosen: None,
+            path_rtt_shared_at: None,
         }
     }
 }

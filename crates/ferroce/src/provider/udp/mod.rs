@@ -267,7 +267,9 @@ pub(crate) fn receive(
     r.polled = now.as_nanos();
     // A flood (or a hostile sender) must not keep a pass receiving forever: after this many
     // batches the QPs get their turn (timers, sends, ACKs), and the next pass reads on.
-    for _batch in 0..MAX_RECV_BATCHES_PER_PASS {
+    for batch in 0..MAX_RECV_BATCHES_PER_PASS {
+        // Each batch at the time it is read: the time an ACK is handled ends a round trip.
+        let now = if batch == 0 { now } else { shared.now() };
         // A receive error on a UDP socket (an ICMP error from an earlier send) is not ours
         // to handle: the transport's retransmission covers whatever it cost.
         // A socket that was empty at the last look most likely holds one datagram now (a
