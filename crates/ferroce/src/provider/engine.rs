@@ -593,8 +593,13 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
         // CQ to sleep on its channel) before it could see this thread asleep rang no doorbell,
         // and this thread must not then sleep on the doorbell alone for the grace period.
         // SeqCst, as the store in `set_sleeping` and the swap in `end_hand_over`: each side
-        // sees the other's write or the other sees its own.
-        let app_driving = shared.app_polling_until.load(Ordering::SeqCst) > shared.now().as_nanos();
+        // sees the other's write or the other sees its own. Only ever from driving to not:
+        // a hand-over that began meanwhile is the application's next poll's to use (it reads
+        // the socket itself); sleeping on the socket too costs nothing then, while sleeping
+        // without it stalls an application that polls only now and then (one that waits on
+        // memory, as perftest does).
+        let app_driving = app_driving
+            && shared.app_polling_until.load(Ordering::SeqCst) > shared.now().as_nanos();
         let (did, deadline, _) = engine_pass(&shared, app_driving);
         if did {
             shared.set_sleeping(false);
