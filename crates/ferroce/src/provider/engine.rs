@@ -16,8 +16,10 @@
 //! busy machine, and the sleep itself ends up to the timer slack late, which the thread sets
 //! to [`TIMER_SLACK`] for the timers it does sleep for. Where other threads wait for the CPUs
 //! it does not spin at all (see [`super::contention`]). While an application thread is driving
-//! progress itself, the engine thread stays out of its way and only checks in every few
-//! milliseconds.
+//! progress itself (it polls a CQ: a *hand-over*), the engine thread stays out of its way,
+//! asleep on its doorbell, and same-host peers are told not to wake it; it checks in every few
+//! milliseconds, or every 250 µs where a poll that returned completions may hand progress back
+//! lazily (see [`super::hand_back`]).
 //!
 //! # Deferred ACKs
 //! On a NIC an ACK costs nothing; here every datagram costs a trip through the kernel. In a
@@ -146,11 +148,14 @@ impl EngineState {
 }
 
 impl ContextShared {
-    /// Records whether the engine thread sleeps, for this process and for same-host peers.
-    pub(crate) fn set_sleeping(&self, sleeping: bool) {
+    /// Records whether the engine thread sleeps, for this process, and for same-host peers
+    /// whether a write into one of this context's rings must wake it: not while an application
+    /// thread drives progress (`app_driving`), whose next poll drains the rings anyway — a wake
+    /// byte would cost the peer a system call per packet and wake nobody.
+    pub(crate) fn set_sleeping(&self, sleeping: bool, app_driving: bool) {
         self.sleeping.store(sleeping, Ordering::SeqCst);
         if let Some(host) = &self.shm {
-            host.table.set_sleeping(sleeping);
+            host.table.set_sleeping(sleeping && !app_driving);
         }
     }
 
@@ -162,9 +167,12 @@ impl ContextShared {
     pub(crate) fn progress_inline(&self) -> bool {
         let now = self.now();
         // The hand-over keeps the engine thread and a polling thread from taking turns at one
-        // socket; QPs linked over shared memory have rings, which either drains under the
-        // engine lock without waking the other, so a context with no QP on UDP keeps both.
-        if self.hand_over_to_polling_app && self.socket_in_use.load(Ordering::Relaxed) {
+        // socket, and from both spinning over rings: on a small machine a second spinning
+        // thread per process takes the CPU the peer process needs to answer.
+        if self.hand_over_to_polling_app {
+            if self.hand_back_at_completion {
+                self.hand_back.polled();
+            }
             self.app_polling_until
                 .store((now + APP_POLL_GRACE).as_nanos(), Ordering::Release);
         }
@@ -175,11 +183,12 @@ impl ContextShared {
     }
 
     /// Ends an application thread's hand-over after its poll returned completions, if the
-    /// context asks for that (see [`crate::ContextOptions::hand_back_at_completion`]): the
-    /// engine thread, asleep on its doorbell alone meanwhile, is woken to read the socket.
+    /// context asks for that (see [`crate::ContextOptions::hand_back_at_completion`]): at once
+    /// (the engine thread, asleep on its doorbell alone meanwhile, is woken to read the socket),
+    /// or lazily, for a program that polls again anyway (see `hand_back`).
     #[inline]
     pub(crate) fn hand_back(&self) {
-        if self.hand_back_at_completion {
+        if self.hand_back_at_completion && !self.hand_back.hand_back(self.now().as_nanos()) {
             self.end_hand_over();
         }
     }
@@ -535,18 +544,13 @@ pub(crate) fn hand_over(
     qp.publish_state(q);
 }
 
-/// One pass if the engine is free and no application thread is driving progress (its own
-/// passes run the timers and release held ACKs; the engine steps in [`APP_POLL_GRACE`] after it
-/// stops); `(did anything, next deadline, next transport timer)`. A busy engine lock means
-/// someone else is making progress: look again shortly.
-fn engine_pass(
-    shared: &ContextShared,
-    app_driving: bool,
-) -> (bool, Option<Instant>, Option<Instant>) {
+/// One pass if the engine is free; `(did anything, next deadline, next transport timer)`. A
+/// busy engine lock means someone else is making progress: look again shortly.
+fn engine_pass(shared: &ContextShared) -> (bool, Option<Instant>, Option<Instant>) {
     let now = shared.now();
     match shared.engine.try_lock() {
         Ok(mut st) => {
-            let did = !app_driving && progress(shared, &mut st);
+            let did = progress(shared, &mut st);
             (did, st.next_deadline, st.next_timer)
         }
         Err(_) => (false, Some(now + BUSY_RECHECK), None),
@@ -570,62 +574,76 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
     os::set_timer_slack(TIMER_SLACK);
     while !shared.shutdown.load(Ordering::Acquire) {
         let now = shared.now();
-        let app_driving = shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos();
-        let (did, _, timer) = engine_pass(&shared, app_driving);
+        if shared.app_polling_until.load(Ordering::Acquire) > now.as_nanos() {
+            if shared.hand_back_at_completion && shared.hand_back.missed(now.as_nanos()) {
+                // The application got completions and has not polled since: it waits some
+                // other way (on memory a peer writes), so this thread takes progress back now.
+                shared.app_polling_until.store(0, Ordering::SeqCst);
+            } else {
+                // Handed over: the application's passes do everything (socket, rings, timers);
+                // this thread sleeps on its doorbell and only checks in. It takes no engine
+                // lock meanwhile (a poll meeting it would find the engine busy), and peers are
+                // not asked to wake it (see `set_sleeping`).
+                shared.set_sleeping(true, true);
+                // SeqCst, as the store in `set_sleeping` and the swap in `end_hand_over`: an
+                // application that ends its hand-over (it armed a CQ to sleep on its channel)
+                // either sees this thread asleep and rings, or this load sees the end.
+                if shared.app_polling_until.load(Ordering::SeqCst) > shared.now().as_nanos() {
+                    let timeout = if shared.hand_back_at_completion {
+                        shared
+                            .hand_back
+                            .check_in_after(shared.now().as_nanos(), APP_POLL_GRACE)
+                    } else {
+                        APP_POLL_GRACE
+                    };
+                    let _ = os::wait_readable(&[bell], Some(timeout));
+                    contention.slept();
+                    shared.set_sleeping(false, false);
+                    shared.doorbell_fd.drain();
+                    continue;
+                }
+                shared.set_sleeping(false, false);
+            }
+        }
+        let (did, _, timer) = engine_pass(&shared);
         if did {
             last_work = std::time::Instant::now();
             continue;
         }
-        // While an application drives progress its passes run the timers; otherwise a
-        // transport timer due within SPIN is waited for here, unless others wait for the CPU.
+        // A transport timer due within SPIN is waited for here, unless others wait for the CPU.
         let timer_near = timer.is_some_and(|d| d.saturating_since(now) < SPIN);
-        if !app_driving
-            && (last_work.elapsed() < SPIN || timer_near)
+        if (last_work.elapsed() < SPIN || timer_near)
             && contention.may_spin(std::time::Instant::now())
         {
             std::hint::spin_loop();
             continue;
         }
         // About to sleep: announce it, then look once more so that a post racing with the
-        // announcement is either seen here or rings the doorbell.
-        shared.set_sleeping(true);
-        // Again after the announcement: an application that ended its hand-over (it armed a
-        // CQ to sleep on its channel) before it could see this thread asleep rang no doorbell,
-        // and this thread must not then sleep on the doorbell alone for the grace period.
-        // SeqCst, as the store in `set_sleeping` and the swap in `end_hand_over`: each side
-        // sees the other's write or the other sees its own. Only ever from driving to not:
-        // a hand-over that began meanwhile is the application's next poll's to use (it reads
-        // the socket itself); sleeping on the socket too costs nothing then, while sleeping
-        // without it stalls an application that polls only now and then (one that waits on
-        // memory, as perftest does).
-        let app_driving = app_driving
-            && shared.app_polling_until.load(Ordering::SeqCst) > shared.now().as_nanos();
-        let (did, deadline, _) = engine_pass(&shared, app_driving);
+        // announcement is either seen here or rings the doorbell. A hand-over that begins
+        // meanwhile is the application's next poll's to use (it reads the socket itself);
+        // sleeping on the socket too costs nothing then, while sleeping without it would stall
+        // an application that polls only now and then (one that waits on memory, as perftest
+        // does).
+        shared.set_sleeping(true, false);
+        let (did, deadline, _) = engine_pass(&shared);
         if did {
-            shared.set_sleeping(false);
+            shared.set_sleeping(false, false);
             last_work = std::time::Instant::now();
             continue;
         }
         let now = shared.now();
-        let until_deadline = deadline.map(|d| d.saturating_since(now));
-        // While an application drives progress, its passes handle deadlines; waking for them
-        // here would only preempt it.
-        let timeout = Some(if app_driving {
-            APP_POLL_GRACE
-        } else {
-            until_deadline.map_or(MAX_SLEEP, |t| t.min(MAX_SLEEP))
-        });
+        let timeout = deadline
+            .map(|d| d.saturating_since(now))
+            .map_or(MAX_SLEEP, |t| t.min(MAX_SLEEP));
         fds.clear();
         fds.push(bell);
-        if !app_driving {
-            fds.push(sock);
-            if let Some(host) = &shared.shm {
-                host.wait_fds(&mut fds);
-            }
+        fds.push(sock);
+        if let Some(host) = &shared.shm {
+            host.wait_fds(&mut fds);
         }
-        let _ = os::wait_readable(&fds, timeout);
+        let _ = os::wait_readable(&fds, Some(timeout));
         contention.slept();
-        shared.set_sleeping(false);
+        shared.set_sleeping(false, false);
         shared.doorbell_fd.drain();
     }
 }

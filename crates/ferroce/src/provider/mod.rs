@@ -51,6 +51,7 @@
 
 pub(crate) mod contention;
 pub(crate) mod engine;
+pub(crate) mod hand_back;
 pub(crate) mod path_rtt;
 pub(crate) mod shm;
 pub(crate) mod udp;

@@ -45,18 +45,23 @@ pub struct ContextOptions {
     /// poller). Right for programs that poll for what they wait on; wrong for programs that
     /// spin on memory a peer WRITEs (perftest's `ib_write_lat`): between their polls nobody
     /// would read the socket for the whole grace period (unless
-    /// [`hand_back_at_completion`](Self::hand_back_at_completion)). Only while a QP of the
-    /// context uses the socket: rings of QPs linked over shared memory are drained by whichever
-    /// thread comes, without waking the other. Arming a CQ ends a hand-over. Default: on.
+    /// [`hand_back_at_completion`](Self::hand_back_at_completion)). Over shared memory too:
+    /// the application's polls drain the rings, and same-host peers are told not to wake the
+    /// engine thread meanwhile (with the engine thread spinning beside it, an `ibv_rc_pingpong`
+    /// iteration between two processes on 2 CPUs took 35 µs instead of 6). Arming a CQ ends a
+    /// hand-over. Default: on.
     pub hand_over_to_polling_app: bool,
     /// With [`hand_over_to_polling_app`](Self::hand_over_to_polling_app): a CQ poll that
-    /// returns completions ends the hand-over at once (the engine thread reads the socket
-    /// again), since a program that got what it polled for may wait some other way next —
-    /// `ib_write_lat` polls for its WRITE's completion, then spins on memory for the peer's.
-    /// Without it the engine would stay off the socket for the whole grace period; without the
-    /// hand-over at all, the engine thread and the polling thread would take turns at one
-    /// socket, and on a small machine every packet's wake-up would preempt a spinning
-    /// application. Default: off.
+    /// returns completions hands progress back to the engine thread, since a program that got
+    /// what it polled for may wait some other way next — `ib_write_lat` polls for its WRITE's
+    /// completion, then spins on memory for the peer's. The hand-back is lazy while the
+    /// program keeps polling again after its completions (the engine thread checks in every
+    /// 250 µs and takes over when a poll did not follow within 150 µs), and immediate for a
+    /// while after one did not; [`ContextCounters::hand_backs_missed`](crate::ContextCounters)
+    /// counts those (see the engine's `hand_back` module). Without it the engine would stay off
+    /// the socket for the whole grace period; without the hand-over at all, the engine thread
+    /// and the polling thread would take turns at one socket, and on a small machine every
+    /// packet's wake-up would preempt a spinning application. Default: off.
     pub hand_back_at_completion: bool,
     /// When a same-host peer process goes away (or resets its QP), move QPs linked to it to
     /// ERR at once, even those with nothing to send (default), so the failure is seen fast. Off,
@@ -240,8 +245,11 @@ pub(crate) struct ContextShared {
     pub hand_over_to_polling_app: bool,
     /// See [`ContextOptions::hand_back_at_completion`].
     pub hand_back_at_completion: bool,
+    /// When to hand back: at once, or lazily (see `provider::hand_back`).
+    pub hand_back: crate::provider::hand_back::HandBack,
     /// Whether a QP of the context uses the UDP socket (as the engine's last pass saw): only
-    /// then does a polling application take progress over from the engine thread.
+    /// then is the socket read in every pass, and does a thread that keeps polling an empty CQ
+    /// yield its CPU.
     pub socket_in_use: AtomicBool,
     /// See [`ContextOptions::fail_idle_qps_when_peer_goes`].
     pub fail_idle_qps_when_peer_goes: bool,
@@ -477,6 +485,7 @@ impl Context {
             hand_over_to_polling_app: options.hand_over_to_polling_app,
             hand_back_at_completion: options.hand_over_to_polling_app
                 && options.hand_back_at_completion,
+            hand_back: Default::default(),
             socket_in_use: AtomicBool::new(true),
             fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
             adopt_registered_pages: options.adopt_registered_pages,
@@ -598,6 +607,7 @@ impl Context {
             ud_dropped: l(&c.ud_dropped),
             shm_peer_violations: l(&c.shm_peer_violations),
             shm_links_refused: shared.shm.as_ref().map_or(0, |h| l(&h.links_refused)),
+            hand_backs_missed: shared.hand_back.missed_count(),
             qps,
         }
     }

@@ -70,6 +70,10 @@ pub struct ContextCounters {
     /// UDP instead), a malformed or unexpected hello, a hello from a process other than the
     /// one listening at the QP's destination, too many connections waiting.
     pub shm_links_refused: u64,
+    /// Lazy hand-backs no poll followed: a polling application got completions and then
+    /// waited some other way, so the engine thread took progress back after a check-in (see
+    /// [`crate::ContextOptions::hand_back_at_completion`]).
+    pub hand_backs_missed: u64,
     /// The transport counters of every QP of the context, live and destroyed, summed.
     pub qps: Counters,
 }
@@ -93,6 +97,7 @@ impl ContextCounters {
             ud_dropped,
             shm_peer_violations,
             shm_links_refused,
+            hand_backs_missed,
             qps,
         } = *self;
         let mut v = vec![
@@ -110,6 +115,7 @@ impl ContextCounters {
             ("ud_dropped", ud_dropped),
             ("shm_peer_violations", shm_peer_violations),
             ("shm_links_refused", shm_links_refused),
+            ("hand_backs_missed", hand_backs_missed),
         ];
         v.extend(qps.named());
         v
