@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use ferroce_proto::{WcOpcode, WcStatus, WorkCompletion};
 
@@ -239,6 +240,7 @@ unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         };
+        let mut spun = false;
         loop {
             match ch.inner.try_next_event() {
                 Ok(Some(id)) => {
@@ -278,6 +280,14 @@ unsafe extern "C" fn ibv_get_cq_event(
             if fd_is_nonblocking(ch.c.fd) {
                 set_errno(libc::EAGAIN);
                 return -1;
+            }
+            // Before sleeping, drive progress briefly: the event may be a round trip away (see
+            // `CompletionChannel::spin_for_event`); once per call.
+            if !spun {
+                spun = true;
+                if ch.inner.spin_for_event(Duration::MAX) {
+                    continue;
+                }
             }
             let mut p = libc::pollfd {
                 fd: ch.c.fd,

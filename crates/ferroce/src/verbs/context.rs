@@ -9,8 +9,9 @@ use std::thread::JoinHandle;
 
 use ferroce_proto::Counters;
 
+use super::channel::CompletionChannel;
 use super::counters::{ContextCounters, EngineCounters};
-use super::cq::{CompletionChannel, CompletionQueue};
+use super::cq::CompletionQueue;
 use super::device::{Device, Gid};
 use super::mr::MrTable;
 use super::pd::ProtectionDomain;
@@ -553,7 +554,7 @@ impl Context {
 
     /// Creates a completion channel.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
-        CompletionChannel::new()
+        CompletionChannel::new(&self.inner.shared)
     }
 
     /// Creates a completion queue of `capacity` entries, optionally tied to a channel.

@@ -1,107 +1,26 @@
-//! Completion queues and completion channels.
+//! Completion queues.
 //!
 //! The engine appends completions; the application polls them. An empty poll drives the engine
 //! once inline (receive, timers, transmit), which is how a busy-polling application gets the
-//! lowest latency without a second thread spinning. A completion channel is an eventfd a thread
-//! can block on (or hand to epoll or an async runtime) after arming a CQ with
-//! [`CompletionQueue::req_notify`].
+//! lowest latency without a second thread spinning. A CQ armed with
+//! [`CompletionQueue::req_notify`] fires its [`CompletionChannel`] (see `channel`).
 
 use std::collections::VecDeque;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferroce_proto::{WcStatus, WorkCompletion};
 
+use super::channel::ChannelInner;
+#[allow(unused_imports)]
+use super::channel::CompletionChannel;
 use super::context::ContextInner;
 use crate::error::{Error, Result};
-use crate::os::{self, EventFd};
 
 const UNARMED: u8 = 0;
 const ARMED_ANY: u8 = 1;
 const ARMED_SOLICITED: u8 = 2;
-
-#[derive(Debug)]
-pub(crate) struct ChannelInner {
-    /// One notification per fired CQ (semaphore mode), so the descriptor is readable exactly
-    /// while `fired` is not empty.
-    efd: EventFd,
-    /// The [`CompletionQueue::event_id`]s of the CQs that fired, oldest first.
-    fired: Mutex<VecDeque<usize>>,
-}
-
-/// A completion channel: wakes a waiting thread when an armed CQ gets a completion.
-///
-/// Each firing of an armed CQ is one event, read once, in order, as from a kernel completion
-/// channel; the descriptor is readable while an event is waiting. One thread at a time should
-/// wait on a channel (as with `ibv_get_cq_event`).
-#[derive(Debug, Clone)]
-pub struct CompletionChannel {
-    pub(crate) inner: Arc<ChannelInner>,
-}
-
-impl CompletionChannel {
-    pub(crate) fn new() -> Result<CompletionChannel> {
-        let efd =
-            EventFd::new_semaphore().map_err(|e| Error::io("creating a completion channel", e))?;
-        Ok(CompletionChannel {
-            inner: Arc::new(ChannelInner {
-                efd,
-                fired: Mutex::new(VecDeque::new()),
-            }),
-        })
-    }
-
-    /// Blocks until an armed CQ of this channel gets a completion, or `timeout` passes
-    /// (`None`: forever). Returns whether an event arrived (and takes it). Re-arm the CQ before
-    /// polling it empty, as with `ibv_get_cq_event`.
-    pub fn get_event(&self, timeout: Option<Duration>) -> Result<bool> {
-        Ok(self.next_event(timeout)?.is_some())
-    }
-
-    /// Like [`Self::get_event`], but says which CQ fired: its [`CompletionQueue::event_id`].
-    pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<usize>> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        loop {
-            if let Some(id) = self.try_next_event()? {
-                return Ok(Some(id));
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-            if left == Some(Duration::ZERO) {
-                return Ok(None);
-            }
-            os::wait_readable(&[self.inner.efd.fd()], left)
-                .map_err(|e| Error::io("waiting for a completion event", e))?;
-        }
-    }
-
-    /// The next event if one is waiting now (never blocks): the firing CQ's
-    /// [`CompletionQueue::event_id`].
-    pub fn try_next_event(&self) -> Result<Option<usize>> {
-        let taken = self
-            .inner
-            .efd
-            .take_one()
-            .map_err(|e| Error::io("reading a completion event", e))?;
-        if !taken {
-            return Ok(None);
-        }
-        Ok(self
-            .inner
-            .fired
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front())
-    }
-
-    /// The descriptor that is readable while an event is waiting, for epoll or an async
-    /// runtime; take events with [`Self::try_next_event`]. It is a blocking descriptor: a
-    /// program may read it only through this type.
-    pub fn as_raw_fd(&self) -> RawFd {
-        self.inner.efd.fd()
-    }
-}
 
 #[derive(Debug)]
 pub(crate) struct CqInner {
@@ -178,11 +97,7 @@ impl CqInner {
                 .compare_exchange(armed, UNARMED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            ch.fired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_back(self.event_id());
-            ch.efd.notify();
+            ch.fire(self.event_id());
         }
     }
 }
@@ -318,8 +233,14 @@ impl CompletionQueue {
         // SeqCst: see `CqInner::push`.
         self.inner.armed.store(mode, Ordering::SeqCst);
         // Whoever arms a CQ waits for its event next, not by polling: the engine must read the
-        // socket again at once.
-        self.ctx.shared.end_hand_over();
+        // socket again — at once, or, where hand-backs may be lazy (a thread that waits with
+        // `CompletionChannel::next_event` drives progress before it sleeps, and ends the
+        // hand-over itself if it does sleep), as after a poll that returned completions.
+        if self.ctx.shared.hand_back_at_completion {
+            self.ctx.shared.hand_back();
+        } else {
+            self.ctx.shared.end_hand_over();
+        }
         Ok(())
     }
 

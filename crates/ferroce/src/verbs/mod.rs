@@ -7,7 +7,8 @@
 //! | `counters` | [`ContextCounters`](crate::ContextCounters) |
 //! | `pd` | [`ProtectionDomain`](crate::ProtectionDomain): creates regions and QPs |
 //! | `mr` | [`MemoryRegion`](crate::MemoryRegion), keys, the region table, the transport's view of memory |
-//! | `cq` | [`CompletionQueue`](crate::CompletionQueue), [`CompletionChannel`](crate::CompletionChannel) |
+//! | `cq` | [`CompletionQueue`](crate::CompletionQueue) |
+//! | `channel` | [`CompletionChannel`](crate::CompletionChannel), and the spin before a wait on one |
 //! | `qp` | [`QueuePair`](crate::QueuePair): states, posting, connecting |
 //! | `qp_core` | a QP's state as the engine and the providers see it |
 //! | `sender` | [`QpSender`](crate::QpSender): posting without the QP's lock |
@@ -17,6 +18,7 @@
 //! keeps each object's state; moving bytes is the providers' work. It reaches them only through
 //! `crate::provider`, whose module doc is the contract between the two.
 
+pub(crate) mod channel;
 pub(crate) mod context;
 pub(crate) mod counters;
 pub(crate) mod cq;
