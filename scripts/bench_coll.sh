@@ -9,16 +9,28 @@
 # (all_reduce_perf -a 3; bench/mpi_allreduce.c), busbw = algbw * 2(n-1)/n, GB/s = 1e9 B/s.
 # Out of place and in place (MPI_IN_PLACE) are compared separately. Every ferroce result is
 # checked element by element (#wrong must be 0), and MPI's by bench/mpi_allreduce.c.
+# The cases run interleaved, REPS times (default 5): each repetition runs ferroce and Open MPI
+# for every case back to back, so a ratio is taken between runs made next to each other, and
+# the tables print the median ratio with its range (min..max over repetitions). At the top:
+# the core count and memcpy speed of this machine; per repetition, the floors of the same run:
+# memcpy of 64 MiB, one TCP stream over the veth (iperf3, the cross-host case's bound) and a
+# raw UDP stream on loopback (udp-baseline, GSO).
 #   sudo scripts/bench_coll.sh            # root: network namespaces; Open MPI installed
+#   sudo REPS=3 CASES="2 hosts" scripts/bench_coll.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MTU=${MTU:-9000}
-cargo build --release -q -p ferroce-cli -p shm-baseline
+REPS=${REPS:-5}
+CASES=${CASES:-"2 4 hosts"}
+cargo build --release -q -p ferroce-cli -p shm-baseline -p udp-baseline
 F=$PWD/target/release/ferroce
 tmp=$(mktemp -d)
 A=fcoll-$$-a
 B=fcoll-$$-b
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -rf "$tmp"; }
+cleanup() {
+  [ -n "${IPERF_PID:-}" ] && kill "$IPERF_PID" 2>/dev/null || true
+  ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -rf "$tmp"
+}
 trap cleanup EXIT
 mpicc.openmpi -O2 -o "$tmp/mpi_allreduce" bench/mpi_allreduce.c
 MPIRUN=(mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to none --mca plm isolated
@@ -38,17 +50,20 @@ two_hosts_ferroce() { # ARGS...: rank 0 in A, rank 1 in B
   wait
 }
 local_ferroce() { "$F" all_reduce_perf --ranks "$NP" "$@"; }
+mpi_local() {
+  "${MPIRUN[@]}" --mca oob_tcp_if_include lo --mca btl self,vader -np "$NP" "$tmp/mpi_allreduce"
+}
+mpi_hosts() {
+  # Open MPI's launcher talks to its ranks over loopback TCP by default, which a rank in another
+  # namespace cannot reach: mpirun runs in host A and listens on the veth.
+  PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=veth0 \
+    ip netns exec "$A" "${MPIRUN[@]}" --mca oob_tcp_if_include veth0 --mca btl self,tcp \
+    --mca btl_tcp_if_include veth0 -np 1 "$tmp/mpi_allreduce" : \
+    -np 1 ip netns exec "$B" "$tmp/mpi_allreduce"
+}
 
-echo "== memcpy (64 MiB, one thread)"
-target/release/shm-baseline memcpy --size 67108864 --iters 20 | tee "$tmp/memcpy"
-
-for NP in 2 4; do
-  echo "== $NP ranks, one host: ferroce (shared memory)"
-  ferroce_sweep local_ferroce | tee "$tmp/ferroce-$NP"
-  echo "== $NP ranks, one host: Open MPI (vader)"
-  "${MPIRUN[@]}" --mca oob_tcp_if_include lo --mca btl self,vader -np "$NP" \
-    "$tmp/mpi_allreduce" | tee "$tmp/mpi-$NP"
-done
+memcpy() { target/release/shm-baseline memcpy --size 67108864 --iters 20 | sed -n 's/.*: *\([0-9.]*\) GB\/s.*/\1/p' | head -1; }
+echo "# $(nproc) CPUs, $(uname -r), $(date -u +%FT%TZ); memcpy 64 MiB: $(memcpy) GB/s; REPS=$REPS, cases: $CASES"
 
 ip netns add "$A"
 ip netns add "$B"
@@ -57,19 +72,31 @@ ip link add veth0 netns "$A" mtu "$MTU" type veth peer name veth0 netns "$B" mtu
 ip -n "$A" addr add 10.213.0.1 peer 10.213.0.2 dev veth0
 ip -n "$B" addr add 10.213.0.2 peer 10.213.0.1 dev veth0
 for ns in "$A" "$B"; do ip -n "$ns" link set veth0 up; done
-echo "== 2 ranks, two hosts (veth, MTU $MTU): ferroce (RoCE v2/UDP)"
-ferroce_sweep two_hosts_ferroce | tee "$tmp/ferroce-hosts"
-echo "== 2 ranks, two hosts (veth, MTU $MTU): Open MPI (TCP)"
-# Open MPI's launcher talks to its ranks over loopback TCP by default, which a rank in another
-# namespace cannot reach: mpirun runs in host A and listens on the veth.
-PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=veth0 \
-  ip netns exec "$A" "${MPIRUN[@]}" --mca oob_tcp_if_include veth0 --mca btl self,tcp \
-  --mca btl_tcp_if_include veth0 -np 1 "$tmp/mpi_allreduce" : \
-  -np 1 ip netns exec "$B" "$tmp/mpi_allreduce" | tee "$tmp/mpi-hosts"
+ip netns exec "$A" iperf3 -s -B 10.213.0.1 -p 5299 >/dev/null 2>&1 &
+IPERF_PID=$!
+sleep 0.5
 
-python3 - "$tmp" <<'PY'
-import sys, os
-d = sys.argv[1]
+for r in $(seq "$REPS"); do
+  echo "== repetition $r of $REPS"
+  memcpy > "$tmp/memcpy-$r"
+  ip netns exec "$B" iperf3 -c 10.213.0.1 -p 5299 -t 3 -J > "$tmp/iperf-$r" 2>&1 || true
+  target/release/udp-baseline stream --size 4096 --bytes $((1 << 30)) --mode gso --json \
+    > "$tmp/udp-$r" 2>&1 || true
+  for c in $CASES; do
+    if [ "$c" = hosts ]; then
+      ferroce_sweep two_hosts_ferroce > "$tmp/ferroce-hosts-$r"
+      mpi_hosts > "$tmp/mpi-hosts-$r"
+    else
+      NP=$c
+      ferroce_sweep local_ferroce > "$tmp/ferroce-$c-$r"
+      mpi_local > "$tmp/mpi-$c-$r"
+    fi
+  done
+done
+
+python3 - "$tmp" "$REPS" "$CASES" <<'PY'
+import json, os, statistics, sys
+d, reps, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 def ferroce(path):
     rows, wrong = {}, 0
     for line in open(path):
@@ -81,23 +108,46 @@ def ferroce(path):
     return rows, wrong
 def mpi(path):
     return {int(f[1]): (float(f[2]), float(f[3]), float(f[5])) for f in (l.split() for l in open(path)) if f and f[0] == 'RESULT'}
-memcpy = open(os.path.join(d, 'memcpy')).read().split(':')[1].split()[0]
-print(f"\nmemcpy 64 MiB in this run: {memcpy} GB/s")
-for case, label in [('2', '2 ranks, one host (ferroce shm / MPI vader)'),
-                    ('4', '4 ranks, one host (ferroce shm / MPI vader)'),
-                    ('hosts', '2 ranks, two namespace hosts (ferroce UDP / MPI TCP)')]:
-    fr, wrong = ferroce(os.path.join(d, f'ferroce-{case}'))
-    mp = mpi(os.path.join(d, f'mpi-{case}'))
-    print(f"\n{label}; ferroce #wrong over all sizes: {wrong}")
-    print(f"{'':>10} {'out of place':^53} {'in place':^30}")
-    print(f"{'bytes':>10} {'ferroce us':>11} {'MPI us':>9} {'MPI/ferroce':>11} "
-          f"{'ferroce busbw':>14} {'MPI busbw':>10} {'ratio':>6} "
-          f"{'ferroce busbw':>14} {'MPI busbw':>10} {'ratio':>6}")
-    def r(a, b):
-        return f"{a / b:6.2f}" if b > 0 else "     -"
-    for size in sorted(set(fr) & set(mp)):
-        ft, fb, fi = fr[size]
-        mt, mb, mi = mp[size]
-        print(f"{size:>10} {ft:>11.2f} {mt:>9.2f} {mt / ft:>11.2f} {fb:>14.2f} {mb:>10.2f} {r(fb, mb)} "
-              f"{fi:>14.2f} {mi:>10.2f} {r(fi, mi)}")
+def med(v):
+    return f"{statistics.median(v):.2f} ({min(v):.2f}..{max(v):.2f})"
+def floats(name, get):
+    out = []
+    for r in range(1, reps + 1):
+        try:
+            out.append(get(open(os.path.join(d, f"{name}-{r}")).read()))
+        except Exception:
+            pass
+    return out
+mc = floats("memcpy", lambda t: float(t.strip()))
+tcp = floats("iperf", lambda t: json.loads(t)["end"]["sum_received"]["bits_per_second"] / 8e9)
+udp = floats("udp", lambda t: json.loads(t.strip().splitlines()[-1])["gb_s"])
+print(f"\nfloors of this run, GB/s, median (range) over {reps}: memcpy 64 MiB {med(mc) if mc else '-'}; "
+      f"one TCP stream over the veth (iperf3) {med(tcp) if tcp else '-'}; raw UDP on loopback (GSO) {med(udp) if udp else '-'}")
+labels = {'2': '2 ranks, one host (ferroce shm / MPI vader)',
+          '4': '4 ranks, one host (ferroce shm / MPI vader)',
+          'hosts': '2 ranks, two namespace hosts (ferroce UDP / MPI TCP)'}
+for case in cases:
+    runs = [(ferroce(os.path.join(d, f'ferroce-{case}-{r}')), mpi(os.path.join(d, f'mpi-{case}-{r}')))
+            for r in range(1, reps + 1)]
+    wrong = sum(w for (_, w), _ in runs)
+    print(f"\n{labels[case]}; ferroce #wrong over all sizes and repetitions: {wrong}")
+    print("medians over repetitions, ratios as median (min..max) of the per-repetition ratios")
+    print(f"{'bytes':>10} {'ferroce us':>10} {'MPI us':>9} {'MPI/ferroce time':>20} "
+          f"{'busbw oop':>10} {'MPI':>6} {'ferroce/MPI out of place':>26} "
+          f"{'busbw ip':>9} {'MPI':>6} {'ferroce/MPI in place':>24}")
+    sizes = sorted(set.intersection(*[set(fr) & set(mp) for (fr, _), mp in runs]))
+    for size in sizes:
+        ft = [fr[size][0] for (fr, _), _ in runs]; mt = [mp[size][0] for _, mp in runs]
+        fb = [fr[size][1] for (fr, _), _ in runs]; mb = [mp[size][1] for _, mp in runs]
+        fi = [fr[size][2] for (fr, _), _ in runs]; mi = [mp[size][2] for _, mp in runs]
+        tr = [m / f for f, m in zip(ft, mt)]
+        br = [f / m for f, m in zip(fb, mb) if m > 0]
+        ir = [f / m for f, m in zip(fi, mi) if m > 0]
+        print(f"{size:>10} {statistics.median(ft):>10.2f} {statistics.median(mt):>9.2f} {med(tr):>20} "
+              f"{statistics.median(fb):>10.3f} {statistics.median(mb):>6.3f} {med(br) if br else '-':>26} "
+              f"{statistics.median(fi):>9.3f} {statistics.median(mi):>6.3f} {med(ir) if ir else '-':>24}")
+    if case == 'hosts' and tcp:
+        big = [fr[max(sizes)][1] for (fr, _), _ in runs]
+        share = [b / t for b, t in zip(big, tcp)]
+        print(f"ferroce busbw at {max(sizes)} B against one TCP stream over the same veth: {med(share)}")
 PY
