@@ -45,9 +45,10 @@ two_hosts_ferroce() { # ARGS...: rank 0 in A, rank 1 in B
   local port=$((29000 + RANDOM % 1000))
   RANK=1 WORLD_SIZE=2 MASTER_ADDR=10.213.0.1 MASTER_PORT=$port \
     ip netns exec "$B" "$F" all_reduce_perf "$@" >/dev/null &
+  local rank1=$!
   RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.213.0.1 MASTER_PORT=$port \
     ip netns exec "$A" "$F" all_reduce_perf "$@"
-  wait
+  wait "$rank1" # not the iperf3 server's
 }
 local_ferroce() { "$F" all_reduce_perf --ranks "$NP" "$@"; }
 mpi_local() {
