@@ -463,6 +463,37 @@ fn perftest_pair(run: &[&str], port: u16) -> String {
     pair(mk(), client, port).1
 }
 
+/// perftest's latency tests over UDP, where the polling hand-over and its lazy hand-back
+/// decide who reads the socket: `ib_write_lat` polls for its WRITE's completion and then spins
+/// on memory, which only the engine thread can fill (a hand-back that stayed lazy would stall
+/// each iteration for the hand-over's grace); `ib_send_lat` polls for everything. Each must
+/// finish its iterations and print its row (20000 stalls of the 4 ms grace would outlast the
+/// pair's 60 s); with completion events (`-e`) too, where
+/// `ibv_get_cq_event` spins before it sleeps.
+#[test]
+fn perftest_latency_over_udp_between_two_processes() {
+    let runs: &[&[&str]] = &[
+        &["ib_write_lat", "-s", "8", "-n", "20000"],
+        &["ib_send_lat", "-s", "8", "-n", "3000"],
+        &["ib_send_lat", "-s", "8", "-n", "1000", "-e"],
+        &["ib_read_lat", "-s", "8", "-n", "1000", "-e"],
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        let port = 18760 + i as u16;
+        let mk = || {
+            let mut c = over_ferroce(run[0]);
+            c.args(["-d", "ferroce_lo", "-x", "0", "-p", &port.to_string()])
+                .args(&run[1..])
+                .env("FERROCE_PROVIDER", "udp");
+            c
+        };
+        let mut client = mk();
+        client.arg("127.0.0.1");
+        let (_, ct) = pair(mk(), client, port);
+        assert_eq!(result_rows(&ct), 1, "{run:?}\n{ct}");
+    }
+}
+
 /// perftest's result rows in `out`: lines that start with a size and an iteration count.
 fn result_rows(out: &str) -> usize {
     out.lines()

@@ -11,13 +11,14 @@
 //! machine each is tens of µs: `ibv_rc_pingpong -e` (a signaled SEND and a RECV per
 //! iteration, each side waiting for both) took 165 µs per iteration over shared memory and
 //! 170 µs over UDP, against 6 and 29 µs polling. So a thread about to sleep on the channel
-//! first drives progress itself for up to [`SPIN_FOR`] — the engine thread stays asleep, as
-//! for any polling thread — and only sleeps if no event came by then (after ending its
+//! first drives progress itself for up to the context's
+//! [`event_spin`](crate::ContextOptions::event_spin) — the engine thread stays asleep, as for
+//! any polling thread — and only sleeps if no event came by then (after ending its
 //! hand-over, so that the engine thread takes the socket and rings back). The spin is adaptive,
 //! as adaptive mutexes and MPI's and UCX's progress loops are: after
 //! [`MISSES_BEFORE_PROBING`] spins in a row that no event ended, only one wait in
 //! [`PROBE_EVERY`] spins, so a program whose events are far apart (a server idle between
-//! requests) spins at most `SPIN_FOR` in that many waits, while one in a conversation never
+//! requests) spins at most `event_spin` in that many waits, while one in a conversation never
 //! sleeps. (Sleeping for the next few waits after any one miss instead kept both sides of a
 //! ping-pong slow: each side's sleeps made the other's spins miss.) After [`YIELD_AFTER`] empty turns each turn also
 //! yields the CPU, as a polling thread's does (see the CQ's `POLITE_AFTER_EMPTY_POLLS`).
@@ -32,8 +33,10 @@ use super::context::ContextShared;
 use crate::error::{Error, Result};
 use crate::os::{self, EventFd};
 
-/// How long a thread about to sleep on a channel drives progress first.
-pub(crate) const SPIN_FOR: Duration = Duration::from_micros(50);
+/// The longest a thread about to sleep on a channel drives progress first (the context's
+/// [`ContextOptions::event_spin`](crate::ContextOptions::event_spin) says how long, up to
+/// this).
+pub(crate) const SPIN_MAX: Duration = Duration::from_millis(10);
 /// Spins in a row that no event ended, after which only every [`PROBE_EVERY`]th wait spins
 /// (until a spin is answered again).
 pub(crate) const MISSES_BEFORE_PROBING: u32 = 4;
@@ -56,6 +59,8 @@ pub(crate) struct ChannelInner {
     /// other contexts may share the channel; their completions still fire it, through their
     /// own engine threads).
     ctx: Weak<ContextShared>,
+    /// How long a waiter spins (the context's `event_spin`, at most [`SPIN_MAX`]).
+    spin_for: Duration,
     /// Spins in a row that no event ended (see [`MISSES_BEFORE_PROBING`]).
     misses: AtomicU32,
     /// Waits since the last spin, while probing.
@@ -93,6 +98,7 @@ impl CompletionChannel {
                 fired: Mutex::new(VecDeque::new()),
                 queued: AtomicUsize::new(0),
                 ctx: Arc::downgrade(ctx),
+                spin_for: ctx.event_spin.min(SPIN_MAX),
                 misses: AtomicU32::new(0),
                 waits: AtomicU32::new(0),
             }),
@@ -110,8 +116,8 @@ impl CompletionChannel {
     /// [`CompletionQueue::event_id`](crate::CompletionQueue::event_id).
     pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<usize>> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        if timeout != Some(Duration::ZERO) {
-            self.spin_for_event(timeout.unwrap_or(SPIN_FOR).min(SPIN_FOR));
+        if timeout != Some(Duration::ZERO) && !self.inner.spin_for.is_zero() {
+            self.spin_for_event(timeout.unwrap_or(Duration::MAX));
         }
         loop {
             if let Some(id) = self.try_next_event()? {
@@ -127,13 +133,17 @@ impl CompletionChannel {
     }
 
     /// What a thread about to block on this channel does first (see the module doc): drives
-    /// its context's progress for up to `at_most` (and [`SPIN_FOR`]) unless recent spins went
-    /// unanswered, and returns whether an event is waiting. [`Self::next_event`] calls it; a
-    /// program that blocks on [`Self::as_raw_fd`] itself may call it before.
+    /// its context's progress for up to `at_most` (and the context's
+    /// [`event_spin`](crate::ContextOptions::event_spin)) unless recent spins went unanswered,
+    /// and returns whether an event is waiting. [`Self::next_event`] calls it; a program that
+    /// blocks on [`Self::as_raw_fd`] itself may call it before.
     pub fn spin_for_event(&self, at_most: Duration) -> bool {
         let ch = &self.inner;
         if ch.queued.load(Ordering::Acquire) > 0 {
             return true;
+        }
+        if ch.spin_for.is_zero() || at_most.is_zero() {
+            return false;
         }
         let Some(ctx) = ch.ctx.upgrade() else {
             return false;
@@ -148,7 +158,7 @@ impl CompletionChannel {
             }
             ch.waits.store(0, Ordering::Relaxed);
         }
-        let until = std::time::Instant::now() + at_most.min(SPIN_FOR);
+        let until = std::time::Instant::now() + at_most.min(ch.spin_for);
         let mut empty = 0u32;
         let got = loop {
             if ch.queued.load(Ordering::Acquire) > 0 {
@@ -210,12 +220,15 @@ mod tests {
     use super::*;
     use crate::{device_by_name, ContextOptions, Provider};
 
+    const SPIN_FOR: Duration = Duration::from_micros(50);
+
     fn context() -> crate::Context {
         device_by_name("lo")
             .unwrap()
             .open(&ContextOptions {
                 capture: None,
                 provider: Provider::Udp,
+                event_spin: SPIN_FOR,
                 ..ContextOptions::with_port(0)
             })
             .unwrap()

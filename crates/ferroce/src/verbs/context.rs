@@ -64,6 +64,14 @@ pub struct ContextOptions {
     /// and the polling thread would take turns at one socket, and on a small machine every
     /// packet's wake-up would preempt a spinning application. Default: off.
     pub hand_back_at_completion: bool,
+    /// How long a thread about to sleep on a completion channel
+    /// ([`CompletionChannel::next_event`](crate::CompletionChannel::next_event), the drop-in's
+    /// `ibv_get_cq_event`) first drives progress itself, adaptively (see the channel's module
+    /// doc): each sleep costs two wake-ups, tens of µs apiece on a busy machine, and a spin
+    /// that an event ends costs none. Zero never spins (the default: a Rust program that sleeps
+    /// on events asks for its CPU back; the drop-in spins 200 µs, or
+    /// `FERROCE_EVENT_SPIN_US`).
+    pub event_spin: std::time::Duration,
     /// When a same-host peer process goes away (or resets its QP), move QPs linked to it to
     /// ERR at once, even those with nothing to send (default), so the failure is seen fast. Off,
     /// an idle QP stays as it is, as on a fabric, where it could not tell: rdma-core programs
@@ -203,6 +211,7 @@ impl Default for ContextOptions {
             host_slot: false,
             hand_over_to_polling_app: true,
             hand_back_at_completion: false,
+            event_spin: std::time::Duration::ZERO,
             fail_idle_qps_when_peer_goes: true,
             adopt_registered_pages: false,
             icrc_strict: icrc_strict_from_env(),
@@ -248,6 +257,8 @@ pub(crate) struct ContextShared {
     pub hand_back_at_completion: bool,
     /// When to hand back: at once, or lazily (see `provider::hand_back`).
     pub hand_back: crate::provider::hand_back::HandBack,
+    /// See [`ContextOptions::event_spin`].
+    pub event_spin: std::time::Duration,
     /// Whether a QP of the context uses the UDP socket (as the engine's last pass saw): only
     /// then is the socket read in every pass, and does a thread that keeps polling an empty CQ
     /// yield its CPU.
@@ -487,6 +498,7 @@ impl Context {
             hand_back_at_completion: options.hand_over_to_polling_app
                 && options.hand_back_at_completion,
             hand_back: Default::default(),
+            event_spin: options.event_spin,
             socket_in_use: AtomicBool::new(true),
             fail_idle_qps_when_peer_goes: options.fail_idle_qps_when_peer_goes,
             adopt_registered_pages: options.adopt_registered_pages,
