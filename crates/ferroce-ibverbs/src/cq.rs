@@ -278,16 +278,19 @@ unsafe extern "C" fn ibv_get_cq_event(
                 }
             }
             if fd_is_nonblocking(ch.c.fd) {
+                // The program will wait in its own poll or epoll: the engine must not be
+                // waiting for it to poll.
+                ch.inner.spin_for_event(Duration::ZERO);
                 set_errno(libc::EAGAIN);
                 return -1;
             }
             // Before sleeping, drive progress briefly: the event may be a round trip away (see
-            // `CompletionChannel::spin_for_event`); once per call.
-            if !spun {
-                spun = true;
-                if ch.inner.spin_for_event(Duration::MAX) {
-                    continue;
-                }
+            // `CompletionChannel::spin_for_event`); once per call. Every later turn (an event
+            // of a destroyed CQ, dropped above) only hands progress back before it blocks.
+            let budget = if spun { Duration::ZERO } else { Duration::MAX };
+            spun = true;
+            if ch.inner.spin_for_event(budget) {
+                continue;
             }
             let mut p = libc::pollfd {
                 fd: ch.c.fd,

@@ -230,7 +230,7 @@ pub(crate) fn progress(shared: &ContextShared, st: &mut EngineState) -> bool {
 /// One pass of the engine at `now` (a caller that just read the clock saves a second read).
 fn progress_at(shared: &ContextShared, st: &mut EngineState, now: Instant) -> bool {
     // Whether a QP uses the socket: it is read in every pass then (else only now and then), and
-    // a polling application takes progress over from the engine thread only then.
+    // a thread polling an empty CQ yields its CPU only then.
     let socket_in_use =
         st.qps.is_empty() || shared.has_ud_qps() || st.qps.iter().any(|q| q.shm_linked().is_none());
     if shared.socket_in_use.load(Ordering::Relaxed) != socket_in_use {
@@ -588,13 +588,16 @@ pub(crate) fn run(shared: Arc<ContextShared>) {
                 // SeqCst, as the store in `set_sleeping` and the swap in `end_hand_over`: an
                 // application that ends its hand-over (it armed a CQ to sleep on its channel)
                 // either sees this thread asleep and rings, or this load sees the end.
-                if shared.app_polling_until.load(Ordering::SeqCst) > shared.now().as_nanos() {
+                let until = shared.app_polling_until.load(Ordering::SeqCst);
+                let now = shared.now().as_nanos();
+                if until > now {
+                    // Until the hand-over runs out (a poll extends it; this thread then sleeps
+                    // again), and no later than a check-in is due.
+                    let left = Duration::from_nanos(until - now).min(APP_POLL_GRACE);
                     let timeout = if shared.hand_back_at_completion {
-                        shared
-                            .hand_back
-                            .check_in_after(shared.now().as_nanos(), APP_POLL_GRACE)
+                        shared.hand_back.check_in_after(now, left)
                     } else {
-                        APP_POLL_GRACE
+                        left
                     };
                     let _ = os::wait_readable(&[bell], Some(timeout));
                     contention.slept();

@@ -108,10 +108,12 @@ impl HandBack {
         }
         let at = self.handed_at.load(Ordering::Relaxed);
         if at == 0 {
-            return CHECK_IN;
+            return CHECK_IN.min(grace);
         }
         let due = at + MISSED_AFTER.as_nanos() as u64;
-        Duration::from_nanos(due.saturating_sub(now_ns)).min(CHECK_IN)
+        Duration::from_nanos(due.saturating_sub(now_ns))
+            .min(CHECK_IN)
+            .min(grace)
     }
 
     /// Lazy hand-backs that went unfollowed so far.

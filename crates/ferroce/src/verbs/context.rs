@@ -50,7 +50,8 @@ pub struct ContextOptions {
     /// the application's polls drain the rings, and same-host peers are told not to wake the
     /// engine thread meanwhile (with the engine thread spinning beside it, an `ibv_rc_pingpong`
     /// iteration between two processes on 2 CPUs took 35 µs instead of 6). Arming a CQ ends a
-    /// hand-over. Default: on.
+    /// hand-over (lazily, as a hand-back, where the CQ's channel spins before it sleeps).
+    /// Default: on.
     pub hand_over_to_polling_app: bool,
     /// With [`hand_over_to_polling_app`](Self::hand_over_to_polling_app): a CQ poll that
     /// returns completions hands progress back to the engine thread, since a program that got

@@ -233,10 +233,12 @@ impl CompletionQueue {
         // SeqCst: see `CqInner::push`.
         self.inner.armed.store(mode, Ordering::SeqCst);
         // Whoever arms a CQ waits for its event next, not by polling: the engine must read the
-        // socket again — at once, or, where hand-backs may be lazy (a thread that waits with
-        // `CompletionChannel::next_event` drives progress before it sleeps, and ends the
-        // hand-over itself if it does sleep), as after a poll that returned completions.
-        if self.ctx.shared.hand_back_at_completion {
+        // socket again — at once, or, where hand-backs may be lazy and the channel's waiter
+        // spins first (driving progress itself, and ending the hand-over before it sleeps), as
+        // after a poll that returned completions. A waiter that does not spin (or sleeps on the
+        // descriptor in its own epoll) gets the engine at once.
+        let waiter_spins = self.inner.channel.as_ref().is_some_and(|c| c.spins());
+        if self.ctx.shared.hand_back_at_completion && waiter_spins {
             self.ctx.shared.hand_back();
         } else {
             self.ctx.shared.end_hand_over();

@@ -133,6 +133,11 @@ impl ShmQp {
 impl PeerLink {
     /// Wakes the peer's engine if it sleeps.
     pub(crate) fn wake(&self) {
+        // The ring's head was stored (release) before this load of the flag: without a full
+        // fence the load may pass the store (store buffering), and the peer, which stores the
+        // flag and then reads the head, could miss both. SeqCst on each access alone does not
+        // order a release store before it on every CPU.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         if self.table.sleeping() {
             let b = [1u8];
             // SAFETY: sends one byte from a live buffer; a full socket already has wake-ups

@@ -235,6 +235,9 @@ impl KeyTable {
         self.map
             .u32_at(TABLE_SLEEPING)
             .store(u32::from(sleeping), Ordering::SeqCst);
+        // The other half of `PeerLink::wake`'s fence: the engine reads the rings' heads after
+        // this store (acquire loads, which may pass it without a full fence).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     pub(super) fn sleeping(&self) -> bool {
