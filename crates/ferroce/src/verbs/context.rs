@@ -70,8 +70,9 @@ pub struct ContextOptions {
     /// `ibv_get_cq_event`) first drives progress itself, adaptively (see the channel's module
     /// doc): each sleep costs two wake-ups, tens of µs apiece on a busy machine, and a spin
     /// that an event ends costs none. Zero never spins (the default: a Rust program that sleeps
-    /// on events asks for its CPU back; the drop-in spins 200 µs, or
-    /// `FERROCE_EVENT_SPIN_US`).
+    /// on events asks for its CPU back; the drop-in takes `FERROCE_EVENT_SPIN_US`, default 0).
+    /// Experimental: perftest's `ib_send_lat -e` over UDP fails with it (a SEND goes
+    /// unacknowledged until its retries run out), cause not yet found.
     pub event_spin: std::time::Duration,
     /// When a same-host peer process goes away (or resets its QP), move QPs linked to it to
     /// ERR at once, even those with nothing to send (default), so the failure is seen fast. Off,
