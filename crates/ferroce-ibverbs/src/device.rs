@@ -215,8 +215,9 @@ fn open_fd(path: &str) -> Option<OwnedFd> {
 /// How long `ibv_get_cq_event` drives progress before it sleeps: `FERROCE_EVENT_SPIN_US`
 /// microseconds, else 0 (never). Off by default: with 200 µs, `ibv_rc_pingpong -e` on 2 CPUs
 /// took 20–25 µs per iteration over shared memory instead of about 100, but `ib_send_lat -e`
-/// over UDP failed (a SEND left unacknowledged until its retries ran out), and the cause is not
-/// found yet.
+/// over UDP failed: its loop polls its one-entry send CQ once per event, and a waiter that
+/// returns sooner leaves a send completion behind for the next to overflow. Rounding CQ
+/// capacities up as rdma-core providers do (not done yet) makes it pass.
 fn event_spin_from_env() -> std::time::Duration {
     let us = std::env::var("FERROCE_EVENT_SPIN_US")
         .ok()
