@@ -13,7 +13,6 @@ use std::time::Duration;
 use ferroce_proto::{WcStatus, WorkCompletion};
 
 use super::channel::ChannelInner;
-#[allow(unused_imports)]
 use super::channel::CompletionChannel;
 use super::context::ContextInner;
 use crate::error::{Error, Result};
