@@ -110,7 +110,28 @@ unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> libc
     })
 }
 
-/// `ibv_create_cq`.
+/// The fewest entries a drop-in CQ has, whatever the program asked for.
+const MIN_CQ_CAPACITY: usize = 64;
+
+/// The capacity a CQ asked for with `cqe` entries gets: at least `cqe`, rounded up as
+/// rdma-core's providers round it (a power of two less one, the ring keeping a slot free, as
+/// rxe and mlx5 size their queues) and never under [`MIN_CQ_CAPACITY`]; `cq->cqe` reports it,
+/// as the verbs API allows ("at least" the entries asked for).
+///
+/// Why a floor: programs size a CQ to their own loop and then rely on timing the verbs do not
+/// promise. perftest's `-e` latency loop gives its send CQ one entry and polls it once per
+/// completion event; when the event wait returns sooner than the send's completion lands, one
+/// stays behind, the next lands beside it, and a CQ of exactly one entry overflows (an error
+/// the whole run dies of). A NIC's CQ has room to spare there; so does ferroce's.
+fn rounded_capacity(cqe: usize) -> usize {
+    let max = limits::MAX_CQE as usize;
+    (cqe.max(MIN_CQ_CAPACITY - 1) + 1)
+        .checked_next_power_of_two()
+        .map_or(max, |n| (n - 1).min(max))
+        .max(cqe)
+}
+
+/// `ibv_create_cq`: a CQ of at least `cqe` entries (see [`rounded_capacity`]).
 #[no_mangle]
 unsafe extern "C" fn ibv_create_cq(
     ctx: *mut ibv_context,
@@ -133,6 +154,7 @@ unsafe extern "C" fn ibv_create_cq(
         let Some(capacity) = usize::try_from(cqe)
             .ok()
             .filter(|&n| n >= 1 && n <= limits::MAX_CQE as usize)
+            .map(rounded_capacity)
         else {
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
@@ -468,4 +490,22 @@ pub(crate) unsafe extern "C" fn poll_cq(
         }
         done as libc::c_int
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacities_round_up_to_a_power_of_two_less_one_with_a_floor() {
+        assert_eq!(rounded_capacity(1), 63);
+        assert_eq!(rounded_capacity(63), 63);
+        assert_eq!(rounded_capacity(64), 127);
+        assert_eq!(rounded_capacity(100), 127);
+        assert_eq!(rounded_capacity(127), 127);
+        assert_eq!(rounded_capacity(128), 255);
+        let max = limits::MAX_CQE as usize;
+        assert_eq!(rounded_capacity(max - 1), max - 1);
+        assert_eq!(rounded_capacity(max), max);
+    }
 }

@@ -213,16 +213,20 @@ fn open_fd(path: &str) -> Option<OwnedFd> {
 }
 
 /// How long `ibv_get_cq_event` drives progress before it sleeps: `FERROCE_EVENT_SPIN_US`
-/// microseconds, else 0 (never). Off by default: with 200 µs, `ibv_rc_pingpong -e` on 2 CPUs
-/// took 20–25 µs per iteration over shared memory instead of about 100, but `ib_send_lat -e`
-/// over UDP failed: its loop polls its one-entry send CQ once per event, and a waiter that
-/// returns sooner leaves a send completion behind for the next to overflow. Rounding CQ
-/// capacities up as rdma-core providers do (not done yet) makes it pass.
+/// microseconds, 200 by default (0 turns it off). The spin is adaptive (see
+/// `ferroce::CompletionChannel`): after a few spins that found nothing, a waiter spins only
+/// once in several waits, so a program whose events come seldom sleeps at once. With it,
+/// `ibv_rc_pingpong -e` on 2 CPUs takes 20–25 µs per iteration over shared memory instead of
+/// about 100. perftest's `ib_send_lat -e` needed CQs with room to spare first (see
+/// `cq::rounded_capacity`).
+const DEFAULT_EVENT_SPIN_US: u64 = 200;
+
+/// (See [`DEFAULT_EVENT_SPIN_US`].)
 fn event_spin_from_env() -> std::time::Duration {
     let us = std::env::var("FERROCE_EVENT_SPIN_US")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0);
+        .unwrap_or(DEFAULT_EVENT_SPIN_US);
     std::time::Duration::from_micros(us)
 }
 

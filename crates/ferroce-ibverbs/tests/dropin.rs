@@ -520,6 +520,7 @@ fn perftest_between_two_processes_on_one_host() {
         &["ib_atomic_bw", "-n", "500", "-A", "CMP_AND_SWAP"],
         &["ib_write_bw", "-a", "-n", "50", "-q", "2"],
         &["ib_send_lat", "-a", "-n", "50"],
+        &["ib_send_lat", "-s", "8", "-n", "1000", "-e"],
     ];
     for (i, run) in runs.iter().enumerate() {
         let ct = perftest_pair(run, 18700 + i as u16);

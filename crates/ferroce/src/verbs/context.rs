@@ -70,9 +70,10 @@ pub struct ContextOptions {
     /// `ibv_get_cq_event`) first drives progress itself, adaptively (see the channel's module
     /// doc): each sleep costs two wake-ups, tens of µs apiece on a busy machine, and a spin
     /// that an event ends costs none. Zero never spins (the default: a Rust program that sleeps
-    /// on events asks for its CPU back; the drop-in takes `FERROCE_EVENT_SPIN_US`, default 0).
-    /// Experimental: perftest's `ib_send_lat -e` over UDP overflows its one-entry send CQ with
-    /// it (the drop-in does not yet round CQ capacities up as rdma-core providers do).
+    /// on events asks for its CPU back; the drop-in takes `FERROCE_EVENT_SPIN_US`, default
+    /// 200 µs). A waiter that returns sooner can find fewer completions ready than one that
+    /// slept: a program that polls exactly one completion per event needs CQs with room for
+    /// those left behind (the drop-in rounds capacities up, as rdma-core's providers do).
     pub event_spin: std::time::Duration,
     /// When a same-host peer process goes away (or resets its QP), move QPs linked to it to
     /// ERR at once, even those with nothing to send (default), so the failure is seen fast. Off,
