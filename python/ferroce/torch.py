@@ -13,6 +13,10 @@ Each operation completes before it returns (its ``Work`` is already done). Older
 reaches the tensor-based variants only from a C++ backend; newer torch calls them here under
 their ``*_single`` names.
 
+With torch whose c10d ``Backend`` Python can subclass (2.15; not 2.11), ferroce is a backend
+for CPU tensors under torch's own group, so ``init_process_group("cpu:ferroce,cuda:nccl")``
+keeps NCCL for CUDA tensors (``ROUTES_BY_DEVICE`` says which).
+
 Tensors of any layout work (column slices, transposes, step slices): a non-contiguous tensor
 goes through a contiguous copy, copied back where the operation writes it. A tensor reaches
 the extension only as numpy's view of it (``_buf``; numpy must be installed), which holds the
@@ -26,6 +30,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 from . import _ferroce
 
@@ -122,8 +127,39 @@ def _in_place(t, run):
         t.copy_(c)
 
 
-class ProcessGroupFerroce(dist.ProcessGroup):
-    """A process group whose collectives are ferroce's."""
+def _backend_is_subclassable():
+    """Whether this torch's c10d ``Backend`` can be built from Python (torch 2.15's can; 2.11's
+    has no Python constructor: "No constructor defined!")."""
+
+    class _Probe(_C10dBackend):
+        pass
+
+    try:
+        _Probe(0, 1)
+    except TypeError:
+        return False
+    return True
+
+
+#: Whether torch routes each device's tensors to its own backend under a device string such as
+#: ``"cpu:ferroce,cuda:nccl"``: True where ferroce is a c10d ``Backend`` (torch whose
+#: ``Backend`` Python can subclass). Elsewhere ferroce is a whole ``ProcessGroup``, which torch
+#: puts in place of the group it built, so every device's tensors come here (a CUDA tensor
+#: then fails with "the ferroce backend takes CPU tensors").
+ROUTES_BY_DEVICE = _backend_is_subclassable()
+
+_Base = _C10dBackend if ROUTES_BY_DEVICE else dist.ProcessGroup
+
+
+class ProcessGroupFerroce(_Base):
+    """ferroce's collectives as a c10d ``Backend`` of a torch ``ProcessGroup``.
+
+    A backend, not a ``ProcessGroup`` subclass, wherever torch allows it (see
+    ``ROUTES_BY_DEVICE``): torch takes a ``ProcessGroup`` that a backend's creator hands back
+    as the whole group, in place of the group it built, so ``"cpu:ferroce,cuda:nccl"`` sent
+    CUDA tensors here too, and the group had no name (FSDP2 stops at "ProcessGroup name not
+    set"). A backend is registered for the CPU alone, under torch's own group, which routes
+    each tensor to the backend of its device and names itself as any group does."""
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
@@ -231,4 +267,5 @@ def _create(store, rank, size, timeout):
     return ProcessGroupFerroce(store, rank, size, timeout)
 
 
+# Only for CPU tensors: in "cpu:ferroce,cuda:nccl" NCCL keeps the CUDA ones.
 dist.Backend.register_backend("ferroce", _create, devices=["cpu"])

@@ -264,3 +264,45 @@ def strided(rank, size, port, results):
 
         bad.append(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
     results.put((rank, bad))
+
+
+def routing(rank, size, port, results):
+    """``"cpu:ferroce,cuda:gloo"``: torch's group holds ferroce for CPU tensors and gloo for
+    CUDA ones (gloo stands in for NCCL: it builds a CUDA backend without a GPU), the group has
+    a name, and CPU collectives run on ferroce, in the world group and in a subgroup."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    import ferroce.torch
+
+    bad = []
+    try:
+        dist.init_process_group("cpu:ferroce,cuda:gloo", rank=rank, world_size=size)
+        pg = dist.group.WORLD
+        cpu = pg._get_backend(torch.device("cpu"))
+        if not isinstance(cpu, ferroce.torch.ProcessGroupFerroce):
+            bad.append(f"CPU tensors go to {type(cpu).__name__}")
+        cuda = pg._get_backend(torch.device("cuda"))
+        if isinstance(cuda, ferroce.torch.ProcessGroupFerroce) or "gloo" not in type(cuda).__name__.lower():
+            bad.append(f"CUDA tensors go to {type(cuda).__name__}")
+        if dist.get_backend() != "cpu:ferroce,cuda:gloo":
+            bad.append(f"backend {dist.get_backend()}")
+        if not pg.group_name:
+            bad.append("the group has no name")
+        t = torch.full((1000,), float(rank + 1))
+        dist.all_reduce(t)
+        if not torch.equal(t, torch.full((1000,), float(size * (size + 1) // 2))):
+            bad.append("all_reduce")
+        sub = dist.new_group(list(range(size)))
+        if not isinstance(sub._get_backend(torch.device("cpu")), ferroce.torch.ProcessGroupFerroce):
+            bad.append("a subgroup's CPU backend is not ferroce")
+        u = torch.full((10,), float(rank))
+        dist.broadcast(u, src=size - 1, group=sub)
+        if not torch.equal(u, torch.full((10,), float(size - 1))):
+            bad.append("broadcast in a subgroup")
+        dist.destroy_process_group()
+    except Exception as err:
+        bad.append(f"{type(err).__name__}: {err}")
+    results.put((rank, bad))

@@ -51,6 +51,18 @@ def test_every_operation_on_strided_tensors(size):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
 
+def test_a_device_string_routes_only_cpu_tensors_to_ferroce():
+    """"cpu:ferroce,cuda:gloo" keeps gloo for CUDA tensors (no GPU is needed to build the
+    table). Where torch's c10d Backend cannot be subclassed from Python (torch 2.11), ferroce
+    is a whole ProcessGroup and takes every device's tensors: an expected failure there."""
+    import ferroce.torch
+
+    if not ferroce.torch.ROUTES_BY_DEVICE:
+        pytest.xfail(f"torch {torch.__version__}: c10d's Backend has no Python constructor")
+    for rank, bad in run_ranks(_torch_ranks.routing, 2):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
 def test_ddp_on_ferroce_and_gloo_ends_with_the_same_weights():
     steps = 5
     states = {}
