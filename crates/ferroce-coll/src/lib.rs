@@ -7,7 +7,7 @@
 //! allgather, broadcast, reduce, alltoall, barrier and point-to-point send/recv/sendrecv, over
 //! the element types training exchanges ([`DataType`]: f32, f64, f16, bf16, i32, i64, u8) and the
 //! reduction operators ([`ReduceOp`]: sum, prod, min, max, avg). How the bytes move (WRITEs into
-//! slots the receiver grants with credits, as NCCL's IB transport does) is in `comm.rs`'s
+//! slots the receiver grants with credits, as NCCL's IB transport does) is in `comm/mod.rs`'s
 //! module doc; which algorithm each collective uses (recursive doubling or a pipelined ring for
 //! allreduce, a binomial tree or a chain for broadcast, ...) in `ops.rs`'s.
 //!

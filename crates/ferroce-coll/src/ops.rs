@@ -1,4 +1,4 @@
-//! The collectives, as phases of the communicator's engine (`comm.rs`).
+//! The collectives, as phases of the communicator's engine (`comm/`).
 //!
 //! | collective | algorithm |
 //! |---|---|
@@ -10,7 +10,7 @@
 //! | alltoall | every pair at once, credits pacing each peer |
 //! | send, recv, sendrecv | messages straight between the two ranks |
 //!
-//! Each call's messages carry a digest of its arguments (see `comm.rs`), so ranks that disagree
+//! Each call's messages carry a digest of its arguments (see `comm/phase.rs`), so ranks that disagree
 //! fail instead of mixing data. Reductions are deterministic: every rank ends with bit-identical
 //! results (the ring reduces each chunk in one order and passes the result round; recursive
 //! doubling combines the same two values on both sides with commutative operators).

@@ -1,5 +1,5 @@
 //! The words ranks signal each other with: slot header words and credit words, which one
-//! process stores into and another polls (see `comm.rs`'s module doc, "Memory ordering", for
+//! process stores into and another polls (see `comm/mod.rs`'s module doc, "Memory ordering", for
 //! the protocol and why it is ordered).
 //!
 //! Every access to such a word here is a 64-bit atomic: a load with acquire ordering by the

@@ -1,4 +1,4 @@
-//! A model of the header and credit words (`comm.rs`'s "Memory ordering") under loom, which
+//! A model of the header and credit words (`comm/mod.rs`'s "Memory ordering") under loom, which
 //! runs a sender and a receiver thread through every interleaving and every value the memory
 //! model lets a load see, and fails on a data race on the slots' bytes. The sender copies a
 //! message into a slot (two plain words, a message's first and last bytes) and stores the

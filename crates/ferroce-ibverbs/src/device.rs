@@ -213,12 +213,11 @@ fn open_fd(path: &str) -> Option<OwnedFd> {
 }
 
 /// How long `ibv_get_cq_event` drives progress before it sleeps: `FERROCE_EVENT_SPIN_US`
-/// microseconds, 200 by default (0 turns it off). The spin is adaptive (see
-/// `ferroce::CompletionChannel`): after a few spins that found nothing, a waiter spins only
-/// once in several waits, so a program whose events come seldom sleeps at once. With it,
-/// `ibv_rc_pingpong -e` on 2 CPUs takes 20–25 µs per iteration over shared memory instead of
-/// about 100. perftest's `ib_send_lat -e` needed CQs with room to spare first (see
-/// `cq::rounded_capacity`).
+/// microseconds (a whole number; 0 turns it off; anything else keeps the default), 200 by
+/// default. The spin is adaptive (see `ferroce::CompletionChannel`): after four spins in a row
+/// that no event ended, a waiter spins only once in eight waits, so a program whose events
+/// come seldom mostly sleeps at once. With it, `ibv_rc_pingpong -e` on 2 CPUs takes 20–25 µs
+/// per iteration over shared memory instead of about 165.
 const DEFAULT_EVENT_SPIN_US: u64 = 200;
 
 /// (See [`DEFAULT_EVENT_SPIN_US`].)

@@ -373,7 +373,7 @@ mod tests {
     use super::random_words;
 
     #[test]
-    pub(super) fn initial_psns_are_random_not_derived_from_the_qp_number() {
+    fn initial_psns_are_random_not_derived_from_the_qp_number() {
         // Two draws of 8 words agree with probability 2^-256; the old PSNs were a function of
         // the QP number, the same in every job.
         let (a, b) = (random_words(8), random_words(8));
