@@ -52,8 +52,6 @@ _OPS = {
     dist.ReduceOp.AVG: "avg",
 }
 
-_generation = itertools.count()
-
 
 def _dtype(t):
     try:
@@ -136,7 +134,9 @@ def _backend_is_subclassable():
 
     try:
         _Probe(0, 1)
-    except TypeError:
+    except TypeError as e:
+        if "No constructor defined" not in str(e):
+            raise
         return False
     return True
 
@@ -163,10 +163,12 @@ class ProcessGroupFerroce(_Base):
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
-        gen = next(_generation)
 
+        # torch gives each group's backend a store of its own (a prefix of the group's name
+        # and device), so the keys need no group number: a per-process counter of groups
+        # went wrong for groups of some ranks, which the others never create.
         def exchange(card, _round=itertools.count()):
-            key = f"ferroce/{gen}/{next(_round)}"
+            key = f"ferroce/{next(_round)}"
             store.set(f"{key}/{rank}", bytes(card))
             return [bytes(store.get(f"{key}/{r}")) for r in range(size)]
 

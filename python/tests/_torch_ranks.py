@@ -269,7 +269,7 @@ def strided(rank, size, port, results):
 def routing(rank, size, port, results):
     """``"cpu:ferroce,cuda:gloo"``: torch's group holds ferroce for CPU tensors and gloo for
     CUDA ones (gloo stands in for NCCL: it builds a CUDA backend without a GPU), the group has
-    a name, and CPU collectives run on ferroce, in the world group and in a subgroup."""
+    a name, and CPU collectives run on ferroce, in the world group and in subgroups."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     import torch
@@ -295,6 +295,14 @@ def routing(rank, size, port, results):
         dist.all_reduce(t)
         if not torch.equal(t, torch.full((1000,), float(size * (size + 1) // 2))):
             bad.append("all_reduce")
+        # A group of rank 0 alone: the others never create its backend; the next group of all
+        # ranks must still meet (its keys once depended on how many groups each rank made).
+        solo = dist.new_group([0])
+        if rank == 0:
+            v = torch.full((4,), 7.0)
+            dist.all_reduce(v, group=solo)
+            if not torch.equal(v, torch.full((4,), 7.0)):
+                bad.append("all_reduce in a group of one")
         sub = dist.new_group(list(range(size)))
         if not isinstance(sub._get_backend(torch.device("cpu")), ferroce.torch.ProcessGroupFerroce):
             bad.append("a subgroup's CPU backend is not ferroce")
