@@ -5,9 +5,12 @@
     dist.init_process_group("ferroce")     # under torchrun
 
 CPU tensors' all_reduce, all_gather, all_gather_into_tensor, broadcast, reduce_scatter,
-reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits), send/recv and barrier run
-over ferroce's collectives (shared memory between ranks on a host, RoCE v2 over UDP between
-hosts); DistributedDataParallel works with it. The endpoints are exchanged through
+reduce_scatter_tensor, all_to_all, all_to_all_single (equal splits, and uneven ones pairwise),
+send/recv and barrier run over ferroce's collectives (shared memory between ranks on a host,
+RoCE v2 over UDP between hosts); where ferroce is a c10d Backend (below), reduce, gather,
+scatter, all_reduce_coalesced, all_gather_coalesced and monitored_barrier too (older torch's
+ProcessGroup has no reduce, gather or scatter a Python group can override).
+DistributedDataParallel works with it. The endpoints are exchanged through
 torch.distributed's own store, so it needs nothing but the rendezvous torch already has.
 Each operation completes before it returns (its ``Work`` is already done). Older torch
 reaches the tensor-based variants only from a C++ backend; newer torch calls them here under
@@ -115,6 +118,15 @@ class _Done(dist._Work):
 
     def get_future(self):
         return self._future
+
+
+def _unflatten(flat, tensors):
+    """Copies consecutive pieces of the 1-D ``flat`` into ``tensors``, in order."""
+    at = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[at:at + n].view(t.shape))
+        at += n
 
 
 def _in_place(t, run):
@@ -231,18 +243,25 @@ class ProcessGroupFerroce(_Base):
 
     def alltoall_base(self, output, inp, output_split_sizes, input_split_sizes, opts):
         if output_split_sizes or input_split_sizes:
-            raise ValueError("the ferroce backend takes equal splits only")
-        _in_place(output, lambda c: self._comm._alltoall(_buf(_apart(inp, c)), _buf(c)))
+            self._alltoall_uneven(output, inp, output_split_sizes, input_split_sizes)
+        else:
+            _in_place(output, lambda c: self._comm._alltoall(_buf(_apart(inp, c)), _buf(c)))
         return _Done(output)
 
     # Newer torch dispatches all_to_all_single here.
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        # One tensor per rank each way, all of one size (ferroce's alltoall has equal blocks).
+        # One tensor per rank each way: of one size, ferroce's alltoall; else pairwise.
         sizes = {t.numel() for t in list(input_tensors) + list(output_tensors)}
         if len(sizes) > 1:
-            raise ValueError("the ferroce backend takes equal splits only")
+            send = [t.contiguous() for t in input_tensors]
+            recv = [t if t.is_contiguous() else t.contiguous() for t in output_tensors]
+            self._exchange_blocks([t.reshape(-1) for t in send], [t.reshape(-1) for t in recv])
+            for o, c in zip(output_tensors, recv):
+                if c is not o:
+                    o.copy_(c)
+            return _Done(output_tensors)
         inp = torch.cat([i.reshape(-1) for i in input_tensors])
         out = torch.empty_like(inp)
         self._comm._alltoall(_buf(inp), _buf(out))
@@ -262,6 +281,117 @@ class ProcessGroupFerroce(_Base):
 
     def barrier(self, opts):
         self._comm.barrier()
+        return _Done([])
+
+    def reduce(self, tensors, opts):
+        op = _op(opts.reduceOp)
+        for t in tensors:
+            _in_place(t, lambda c: self._comm._reduce(_buf(c), _dtype(c), op, opts.rootRank))
+        return _Done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        # One reduction of them all, flattened (gloo's too needs one dtype).
+        if len({t.dtype for t in tensors}) > 1:
+            raise ValueError("all_reduce_coalesced takes tensors of one dtype")
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self._comm._allreduce(_buf(flat), _dtype(flat), _op(opts.reduceOp))
+        _unflatten(flat, tensors)
+        return _Done(tensors)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts):
+        # Every rank's inputs flattened into one block, one allgather, then split back:
+        # output_lists[r][i] gets rank r's input_tensors[i].
+        if len({t.dtype for t in input_tensors}) > 1:
+            raise ValueError("all_gather_coalesced takes tensors of one dtype")
+        flat = torch.cat([t.reshape(-1) for t in input_tensors])
+        gathered = torch.empty((self.size(), flat.numel()), dtype=flat.dtype)
+        self._comm._allgather(_buf(flat), _buf(gathered))
+        for outs, block in zip(output_lists, gathered):
+            _unflatten(block, outs)
+        return _Done(output_lists)
+
+    def gather(self, output_tensors, input_tensors, opts):
+        root, me = opts.rootRank, self.rank()
+        inp = input_tensors[0].contiguous()
+        if me != root:
+            self._comm._send(_buf(inp), root)
+            return _Done(output_tensors)
+        for r, out in enumerate(output_tensors[0]):
+            if r == me:
+                out.copy_(inp)
+            else:
+                _in_place(out, lambda c, r=r: self._comm._recv(_buf(c), r))
+        return _Done(output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        root, me = opts.rootRank, self.rank()
+        out = output_tensors[0]
+        if me != root:
+            _in_place(out, lambda c: self._comm._recv(_buf(c), root))
+            return _Done(output_tensors)
+        for r, t in enumerate(input_tensors[0]):
+            if r == me:
+                out.copy_(t)
+            else:
+                self._comm._send(_buf(t.contiguous()), r)
+        return _Done(output_tensors)
+
+    def _exchange_blocks(self, send_blocks, recv_blocks):
+        """Block ``j`` of ``send_blocks`` to rank ``j``, block ``i`` of ``recv_blocks`` from
+        rank ``i`` (contiguous tensors, any sizes the ranks agree on): pairwise, rank ``r``
+        sending to ``r + s`` while receiving from ``r - s`` at step ``s``, which cannot
+        deadlock. Empty blocks are skipped on both sides alike."""
+        n, r = self.size(), self.rank()
+        recv_blocks[r].copy_(send_blocks[r])
+        for step in range(1, n):
+            to, source = (r + step) % n, (r - step) % n
+            out, into = send_blocks[to], recv_blocks[source]
+            self._comm._sendrecv(
+                _buf(out) if out.numel() else None, to,
+                _buf(into) if into.numel() else None, source)
+
+    def _alltoall_uneven(self, out, inp, output_split_sizes, input_split_sizes):
+        n = self.size()
+
+        def blocks(t, splits):
+            flat = t.reshape(-1)
+            rows = t.shape[0] if t.dim() else 1
+            per_row = flat.numel() // rows if rows else 0
+            if not splits:
+                if rows % n:
+                    raise ValueError(f"{rows} rows do not split into {n} equal blocks")
+                splits = [rows // n] * n
+            if len(splits) != n or sum(splits) != rows:
+                raise ValueError(f"split sizes {list(splits)} do not cover {rows} rows")
+            offs = [0]
+            for k in splits:
+                offs.append(offs[-1] + k * per_row)
+            return [flat[a:b] for a, b in zip(offs, offs[1:])]
+
+        src = _apart(inp, out)
+
+        def run(c):
+            self._exchange_blocks(blocks(src, input_split_sizes), blocks(c, output_split_sizes))
+
+        _in_place(out, run)
+
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        """Rank 0 hears from every other rank, then answers each (as gloo's): a rank that
+        does not arrive within the group's timeout fails it, naming that rank."""
+        n, me = self.size(), self.rank()
+        one = torch.zeros(1, dtype=torch.uint8)
+        if me != 0:
+            self._comm._send(_buf(one), 0)
+            self._comm._recv(_buf(one), 0)
+            return _Done([])
+        for r in range(1, n):
+            try:
+                self._comm._recv(_buf(one), r)
+            except Exception as e:
+                raise RuntimeError(
+                    f"[Rank 0]: Rank {r} failed to pass monitoredBarrier: {e}") from None
+        for r in range(1, n):
+            self._comm._send(_buf(one), r)
         return _Done([])
 
 

@@ -729,6 +729,46 @@ impl Communicator {
         self.detached(buf.py(), |comm| comm.recv(bytes, peer))
     }
 
+    /// Reduces every rank's `buf` with `op` into rank `root`'s `buf` (in place; elsewhere
+    /// `buf` is left alone).
+    fn _reduce(
+        &mut self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        op: &str,
+        root: usize,
+    ) -> PyResult<()> {
+        let (t, o) = (dtype_of(dtype)?, op_of(op)?);
+        let mut b = Output::of(buf)?;
+        let bytes = b.alone();
+        self.detached(buf.py(), |comm| comm.reduce_in_place(bytes, t, o, root))
+    }
+
+    /// Sends `out` to rank `to` and receives into `into` from rank `source` at once; either
+    /// may be `None` (a pair exchanging buffers this way cannot deadlock). They must not
+    /// overlap.
+    #[pyo3(signature = (out, to, into, source))]
+    fn _sendrecv(
+        &mut self,
+        out: Option<&Bound<'_, PyAny>>,
+        to: usize,
+        into: Option<&Bound<'_, PyAny>>,
+        source: usize,
+        py: Python<'_>,
+    ) -> PyResult<()> {
+        let i = out.map(Input::of).transpose()?;
+        let mut o = into.map(Output::of).transpose()?;
+        let (send, recv): (&[u8], &mut [u8]) = match (&i, &mut o) {
+            (Some(i), Some(o)) => in_out(i, o)?,
+            (Some(i), None) => (i.bytes(), &mut []),
+            (None, Some(o)) => (&[], o.alone()),
+            (None, None) => return Ok(()),
+        };
+        let to = if i.is_some() { to } else { usize::MAX };
+        let source = if into.is_some() { source } else { usize::MAX };
+        self.detached(py, |comm| comm.sendrecv(send, to, recv, source))
+    }
+
     /// Waits until every rank called it.
     fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
         self.detached(py, |comm| comm.barrier())

@@ -314,3 +314,90 @@ def routing(rank, size, port, results):
     except Exception as err:
         bad.append(f"{type(err).__name__}: {err}")
     results.put((rank, bad))
+
+
+def more_ops(rank, size, port, results):
+    """reduce, gather, scatter, all_reduce_coalesced, all_gather_coalesced, uneven
+    all_to_all_single and all_to_all, and monitored_barrier on "ferroce": every value as the
+    operation defines it, on every rank."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    import ferroce.torch  # noqa: F401
+
+    bad = []
+
+    def check(what, got, want):
+        if not torch.equal(got, want):
+            bad.append(f"{what}: {got.tolist()[:8]} != {want.tolist()[:8]}")
+
+    def val(r, n=5):
+        return torch.arange(n, dtype=torch.float32) + 10 * r
+
+    try:
+        dist.init_process_group("ferroce", rank=rank, world_size=size)
+        for root in range(size):
+            t = val(rank)
+            dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
+            check(f"reduce to {root}", t, sum(val(r) for r in range(size)) if rank == root
+                  else val(rank))
+            # A column (non-contiguous) reduced with MAX.
+            grid = torch.stack([val(rank), val(rank)], dim=1)
+            col = grid[:, 0]
+            dist.reduce(col, dst=root, op=dist.ReduceOp.MAX)
+            check(f"reduce max to {root}", grid[:, 0], val(size - 1) if rank == root
+                  else val(rank))
+            check(f"reduce max to {root} (other column)", grid[:, 1], val(rank))
+
+            outs = [torch.empty(5) for _ in range(size)] if rank == root else None
+            dist.gather(val(rank), gather_list=outs, dst=root)
+            if rank == root:
+                for r in range(size):
+                    check(f"gather at {root} from {r}", outs[r], val(r))
+
+            out = torch.empty(5)
+            ins = [val(r) * 3 for r in range(size)] if rank == root else None
+            dist.scatter(out, scatter_list=ins, src=root)
+            check(f"scatter from {root}", out, val(rank) * 3)
+
+        ts = [torch.full((3,), float(rank)), torch.full((2, 2), float(rank + 1))]
+        dist.all_reduce_coalesced(ts)
+        check("all_reduce_coalesced 0", ts[0], torch.full((3,), float(sum(range(size)))))
+        check("all_reduce_coalesced 1", ts[1],
+              torch.full((2, 2), float(sum(range(1, size + 1)))))
+
+        ins = [torch.full((2,), float(rank)), torch.full((3,), float(-rank))]
+        outs = [[torch.empty(2), torch.empty(3)] for _ in range(size)]
+        dist.all_gather_coalesced(outs, ins)
+        for r in range(size):
+            check(f"all_gather_coalesced from {r}", torch.cat(outs[r]),
+                  torch.cat([torch.full((2,), float(r)), torch.full((3,), float(-r))]))
+
+        # Uneven all_to_all_single: rank r sends (r + j) rows of 3 to rank j, some of them
+        # none; a row carries (sender, receiver, index).
+        def rows(src, dst):
+            k = (src + dst) % 3
+            return torch.tensor([[src, dst, i] for i in range(k)], dtype=torch.float32
+                                ).reshape(k, 3)
+
+        send = torch.cat([rows(rank, j) for j in range(size)])
+        in_splits = [rows(rank, j).shape[0] for j in range(size)]
+        out_splits = [rows(i, rank).shape[0] for i in range(size)]
+        got = torch.empty(sum(out_splits), 3)
+        dist.all_to_all_single(got, send, out_splits, in_splits)
+        check("all_to_all_single uneven", got, torch.cat([rows(i, rank) for i in range(size)]))
+
+        outs = [torch.empty(rows(i, rank).shape) for i in range(size)]
+        dist.all_to_all(outs, [rows(rank, j) for j in range(size)])
+        for i in range(size):
+            check(f"all_to_all uneven from {i}", outs[i], rows(i, rank))
+
+        dist.monitored_barrier()
+        dist.monitored_barrier(wait_all_ranks=True)
+        dist.destroy_process_group()
+    except Exception as err:
+        import traceback
+        bad.append(f"{type(err).__name__}: {err}\n{traceback.format_exc()[-800:]}")
+    results.put((rank, bad))

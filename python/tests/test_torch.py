@@ -51,6 +51,18 @@ def test_every_operation_on_strided_tensors(size):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_reduce_gather_scatter_coalesced_uneven_and_monitored(size):
+    """The operations beyond the first set, where ferroce is a c10d Backend (torch's
+    ProcessGroup trampoline of older torch has no reduce, gather or scatter to override)."""
+    import ferroce.torch
+
+    if not ferroce.torch.ROUTES_BY_DEVICE:
+        pytest.xfail(f"torch {torch.__version__}: ferroce is a ProcessGroup there")
+    for rank, bad in run_ranks(_torch_ranks.more_ops, size):
+        assert bad == [], f"rank {rank}: " + "\n".join(bad)
+
+
 def test_a_device_string_routes_only_cpu_tensors_to_ferroce():
     """"cpu:ferroce,cuda:gloo" keeps gloo for CUDA tensors (no GPU is needed to build the
     table). Where torch's c10d Backend cannot be subclassed from Python (torch 2.11), ferroce
