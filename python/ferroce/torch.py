@@ -12,7 +12,12 @@ scatter, all_reduce_coalesced, all_gather_coalesced and monitored_barrier too (o
 ProcessGroup has no reduce, gather or scatter a Python group can override).
 DistributedDataParallel works with it. The endpoints are exchanged through
 torch.distributed's own store, so it needs nothing but the rendezvous torch already has.
-Each operation completes before it returns (its ``Work`` is already done). Older torch
+Each operation is queued to the group's worker thread and returns its ``Work`` at once:
+``wait()`` blocks until it ran and raises its error, ``get_future()`` completes with its result
+or error, so ``async_op=True`` overlaps and DDP's all_reduces overlap the backward pass
+(``FERROCE_TORCH_SYNC=1`` runs each in the caller instead). ``is_completed()`` on the Work
+torch hands back stays False: torch's wrapper of a Python Work forwards only ``wait`` and
+``get_future`` (``get_future().done()`` tells). Older torch
 reaches the tensor-based variants only from a C++ backend; newer torch calls them here under
 their ``*_single`` names.
 
@@ -28,8 +33,11 @@ so no address passes through Python and no temporary can be freed while it is re
 that shares memory with the output (an in-place ``all_gather_into_tensor``) is cloned first.
 """
 
+import functools
 import itertools
 import os
+import queue
+import threading
 
 import torch
 import torch.distributed as dist
@@ -64,6 +72,8 @@ def _dtype(t):
 
 
 def _op(reduce_op):
+    if isinstance(reduce_op, str):  # already converted (see `_Opts`)
+        return reduce_op
     for k, v in _OPS.items():
         if reduce_op == k:
             return v
@@ -99,25 +109,133 @@ def _apart(inp, out):
     return inp.contiguous()
 
 
-class _Done(dist._Work):
-    """A finished operation (ferroce's run to completion before they return)."""
+class _Pending(dist._Work):
+    """An operation queued to its group's worker (see `_Worker`): ``wait()`` blocks until it
+    ran and raises what it raised; ``get_future()`` completes with its result or its error."""
 
-    def __init__(self, result):
+    def __init__(self):
         super().__init__()
+        self._done = threading.Event()
+        self._settled = threading.Event()
+        self._finisher = None
+        self._error = None
         self._future = torch.futures.Future()
-        self._future.set_result(result)
+
+    def _finish(self, result, error):
+        self._error = error
+        self._finisher = threading.current_thread()
+        # The operation is done before its future completes: the callbacks the future runs
+        # (in this thread) may wait on this work.
+        self._done.set()
+        try:
+            if error is None:
+                self._future.set_result(result)
+            else:
+                self._future.set_exception(error)
+        finally:
+            self._settled.set()
 
     def wait(self, timeout=None):
+        # torch passes a timedelta; zero (kNoTimeout) means none.
+        secs = timeout.total_seconds() if timeout is not None else 0
+        if not self._done.wait(secs if secs > 0 else None):
+            raise RuntimeError(f"ferroce: the operation did not finish within {secs} s")
+        if threading.current_thread() is not self._finisher:
+            # Elsewhere, return once the future completed too (as gloo's wait does), unless
+            # this is a callback of that future, in the thread completing it.
+            self._settled.wait()
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self):
-        return True
+        return self._done.is_set()
 
     def is_success(self):
-        return True
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
 
     def get_future(self):
         return self._future
+
+
+#: Runs every operation in the calling thread before it returns (the behaviour before
+#: operations were queued), for comparison: ``FERROCE_TORCH_SYNC=1``.
+_SYNC = os.environ.get("FERROCE_TORCH_SYNC", "0") not in ("", "0")
+
+
+class _Worker:
+    """One thread per group that runs the group's operations one at a time, in the order they
+    were called, as gloo's and NCCL's work queues do: a call returns at once with a
+    `_Pending`, so DDP's gradient all_reduces overlap the rest of the backward pass (the
+    extension lets go of the GIL while bytes move). The communicator is used from this
+    thread alone. The thread holds the queue, not the group, so the group can be freed; it
+    stops at the ``None`` the group's finalizer puts."""
+
+    def __init__(self):
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=_Worker._run, args=(self._jobs,), name="ferroce-pg", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _run(jobs):
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            work, run = job
+            try:
+                result = run()
+            except BaseException as e:  # noqa: B036 (handed to the waiter, not swallowed)
+                work._finish(None, e)
+            else:
+                work._finish(result, None)
+            del job, work, run
+
+    def submit(self, run):
+        work = _Pending()
+        if _SYNC:
+            try:
+                result = run()
+            except BaseException as e:  # noqa: B036
+                work._finish(None, e)
+            else:
+                work._finish(result, None)
+        else:
+            self._jobs.put((work, run))
+        return work
+
+    def stop(self):
+        self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class _Opts:
+    """The fields of a c10d options object that the operations read, copied when the operation
+    is called: the object torch passes can refer to C++ memory that is gone once the call
+    returns, and the operation runs later, on the group's worker."""
+
+    def __init__(self, opts):
+        if hasattr(opts, "reduceOp"):
+            self.reduceOp = _op(opts.reduceOp)
+        if hasattr(opts, "rootRank"):
+            self.rootRank = int(opts.rootRank)
+
+
+def _queued(operation):
+    """Makes a group method an operation queued to the group's worker: its arguments are
+    taken now (options copied, see `_Opts`), it runs later, and the call returns its Work."""
+
+    @functools.wraps(operation)
+    def call(self, *args, **kwargs):
+        args = tuple(_Opts(a) if type(a).__name__.endswith("Options") else a for a in args)
+        return self._worker.submit(lambda: operation(self, *args, **kwargs))
+
+    return call
 
 
 def _unflatten(flat, tensors):
@@ -194,20 +312,30 @@ class ProcessGroupFerroce(_Base):
             os.environ.get("MASTER_ADDR"),
         )
 
+        self._worker = _Worker()
+
+    def __del__(self):
+        worker = getattr(self, "_worker", None)
+        if worker is not None:
+            worker.stop()
+
     def getBackendName(self):
         return "ferroce"
 
+    @_queued
     def allreduce(self, tensors, opts):
         op = _op(opts.reduceOp)
         for t in tensors:
             _in_place(t, lambda c: self._comm._allreduce(_buf(c), _dtype(c), op))
-        return _Done(tensors)
+        return tensors
 
+    @_queued
     def broadcast(self, tensors, opts):
         for t in tensors:
             _in_place(t, lambda c: self._comm._broadcast(_buf(c), opts.rootRank))
-        return _Done(tensors)
+        return tensors
 
+    @_queued
     def allgather(self, output_tensors, input_tensors, opts):
         for outs, inp in zip(output_tensors, input_tensors):
             inp = inp.contiguous()
@@ -215,42 +343,47 @@ class ProcessGroupFerroce(_Base):
             self._comm._allgather(_buf(inp), _buf(gathered))
             for o, g in zip(outs, gathered):
                 o.copy_(g)
-        return _Done(output_tensors)
+        return output_tensors
 
+    @_queued
     def _allgather_base(self, output, inp, opts):
         _in_place(output, lambda c: self._comm._allgather(_buf(_apart(inp, c)), _buf(c)))
-        return _Done(output)
+        return output
 
     # Newer torch dispatches all_gather_into_tensor here.
     all_gather_single = _allgather_base
 
+    @_queued
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         op = _op(opts.reduceOp)
         for out, ins in zip(output_tensors, input_tensors):
             whole = torch.cat([i.reshape(-1) for i in ins])
             _in_place(out, lambda c: self._comm._reduce_scatter(
                 _buf(whole), _buf(c), _dtype(c), op))
-        return _Done(output_tensors)
+        return output_tensors
 
+    @_queued
     def _reduce_scatter_base(self, output, inp, opts):
         op = _op(opts.reduceOp)
         _in_place(output, lambda c: self._comm._reduce_scatter(
             _buf(_apart(inp, c)), _buf(c), _dtype(c), op))
-        return _Done(output)
+        return output
 
     # Newer torch dispatches reduce_scatter_tensor here.
     reduce_scatter_single = _reduce_scatter_base
 
+    @_queued
     def alltoall_base(self, output, inp, output_split_sizes, input_split_sizes, opts):
         if output_split_sizes or input_split_sizes:
             self._alltoall_uneven(output, inp, output_split_sizes, input_split_sizes)
         else:
             _in_place(output, lambda c: self._comm._alltoall(_buf(_apart(inp, c)), _buf(c)))
-        return _Done(output)
+        return output
 
     # Newer torch dispatches all_to_all_single here.
     all_to_all_single = alltoall_base
 
+    @_queued
     def alltoall(self, output_tensors, input_tensors, opts):
         # One tensor per rank each way: of one size, ferroce's alltoall; else pairwise.
         sizes = {t.numel() for t in list(input_tensors) + list(output_tensors)}
@@ -261,34 +394,39 @@ class ProcessGroupFerroce(_Base):
             for o, c in zip(output_tensors, recv):
                 if c is not o:
                     o.copy_(c)
-            return _Done(output_tensors)
+            return output_tensors
         inp = torch.cat([i.reshape(-1) for i in input_tensors])
         out = torch.empty_like(inp)
         self._comm._alltoall(_buf(inp), _buf(out))
         for o, block in zip(output_tensors, out.chunk(self.size())):
             o.copy_(block.view(o.shape))
-        return _Done(output_tensors)
+        return output_tensors
 
+    @_queued
     def send(self, tensors, dst, tag):
         for t in tensors:
             self._comm._send(_buf(t.contiguous()), dst)
-        return _Done(tensors)
+        return tensors
 
+    @_queued
     def recv(self, tensors, src, tag):
         for t in tensors:
             _in_place(t, lambda c: self._comm._recv(_buf(c), src))
-        return _Done(tensors)
+        return tensors
 
+    @_queued
     def barrier(self, opts):
         self._comm.barrier()
-        return _Done([])
+        return []
 
+    @_queued
     def reduce(self, tensors, opts):
         op = _op(opts.reduceOp)
         for t in tensors:
             _in_place(t, lambda c: self._comm._reduce(_buf(c), _dtype(c), op, opts.rootRank))
-        return _Done(tensors)
+        return tensors
 
+    @_queued
     def allreduce_coalesced(self, tensors, opts):
         # One reduction of them all, flattened (gloo's too needs one dtype).
         if len({t.dtype for t in tensors}) > 1:
@@ -296,8 +434,9 @@ class ProcessGroupFerroce(_Base):
         flat = torch.cat([t.reshape(-1) for t in tensors])
         self._comm._allreduce(_buf(flat), _dtype(flat), _op(opts.reduceOp))
         _unflatten(flat, tensors)
-        return _Done(tensors)
+        return tensors
 
+    @_queued
     def allgather_coalesced(self, output_lists, input_tensors, opts):
         # Every rank's inputs flattened into one block, one allgather, then split back:
         # output_lists[r][i] gets rank r's input_tensors[i].
@@ -308,33 +447,35 @@ class ProcessGroupFerroce(_Base):
         self._comm._allgather(_buf(flat), _buf(gathered))
         for outs, block in zip(output_lists, gathered):
             _unflatten(block, outs)
-        return _Done(output_lists)
+        return output_lists
 
+    @_queued
     def gather(self, output_tensors, input_tensors, opts):
         root, me = opts.rootRank, self.rank()
         inp = input_tensors[0].contiguous()
         if me != root:
             self._comm._send(_buf(inp), root)
-            return _Done(output_tensors)
+            return output_tensors
         for r, out in enumerate(output_tensors[0]):
             if r == me:
                 out.copy_(inp)
             else:
                 _in_place(out, lambda c, r=r: self._comm._recv(_buf(c), r))
-        return _Done(output_tensors)
+        return output_tensors
 
+    @_queued
     def scatter(self, output_tensors, input_tensors, opts):
         root, me = opts.rootRank, self.rank()
         out = output_tensors[0]
         if me != root:
             _in_place(out, lambda c: self._comm._recv(_buf(c), root))
-            return _Done(output_tensors)
+            return output_tensors
         for r, t in enumerate(input_tensors[0]):
             if r == me:
                 out.copy_(t)
             else:
                 self._comm._send(_buf(t.contiguous()), r)
-        return _Done(output_tensors)
+        return output_tensors
 
     def _exchange_blocks(self, send_blocks, recv_blocks):
         """Block ``j`` of ``send_blocks`` to rank ``j``, block ``i`` of ``recv_blocks`` from
@@ -375,6 +516,7 @@ class ProcessGroupFerroce(_Base):
 
         _in_place(out, run)
 
+    @_queued
     def monitored_barrier(self, opts, wait_all_ranks=False):
         """Rank 0 hears from every other rank, then answers each (as gloo's): a rank that
         does not arrive within the group's timeout fails it, naming that rank."""
@@ -383,7 +525,7 @@ class ProcessGroupFerroce(_Base):
         if me != 0:
             self._comm._send(_buf(one), 0)
             self._comm._recv(_buf(one), 0)
-            return _Done([])
+            return []
         for r in range(1, n):
             try:
                 self._comm._recv(_buf(one), r)
@@ -392,7 +534,7 @@ class ProcessGroupFerroce(_Base):
                     f"[Rank 0]: Rank {r} failed to pass monitoredBarrier: {e}") from None
         for r in range(1, n):
             self._comm._send(_buf(one), r)
-        return _Done([])
+        return []
 
 
 def _create(store, rank, size, timeout):

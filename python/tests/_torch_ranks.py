@@ -401,3 +401,76 @@ def more_ops(rank, size, port, results):
         import traceback
         bad.append(f"{type(err).__name__}: {err}\n{traceback.format_exc()[-800:]}")
     results.put((rank, bad))
+
+
+def asynchronous(rank, size, port, results):
+    """Operations queued to the group's worker: an async all_reduce returns before a late rank
+    joins it, several queued ones run in order, an error surfaces from wait(), and DDP with
+    torch's allreduce comm hook (get_future) trains to the same weights on every rank."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    import ferroce.torch  # noqa: F401
+
+    bad = []
+    try:
+        dist.init_process_group("ferroce", rank=rank, world_size=size)
+        dist.barrier()
+        if rank != 0:
+            time.sleep(0.5)
+        t = torch.full((1000,), float(rank + 1))
+        w = dist.all_reduce(t, async_op=True)
+        if rank == 0 and w.get_future().done():
+            bad.append("an all_reduce a late rank had not joined was already done")
+        w.wait()
+        if not torch.equal(t, torch.full((1000,), float(size * (size + 1) // 2))):
+            bad.append("async all_reduce value")
+        if not w.get_future().done():
+            bad.append("the future is not done after wait()")
+
+        # Queued in a row, waited for in reverse: each sees the one before it.
+        x = torch.ones(10)
+        works = [dist.all_reduce(x, async_op=True) for _ in range(4)]
+        for w in reversed(works):
+            w.wait()
+        if not torch.equal(x, torch.full((10,), float(size ** 4))):
+            bad.append(f"four queued all_reduces: {x[0].item()}")
+
+        try:
+            dist.all_reduce(torch.ones(3, dtype=torch.int16))
+            bad.append("an int16 all_reduce did not fail")
+        except TypeError as e:
+            if "int16" not in str(e):
+                bad.append(f"int16: {e}")
+        # And the group still works after a refused call.
+        y = torch.ones(3)
+        dist.all_reduce(y)
+        if not torch.equal(y, torch.full((3,), float(size))):
+            bad.append("all_reduce after an error")
+
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 2))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(torch.randn(8, 16, generator=g)),
+                                         torch.randn(8, 2, generator=g)).backward()
+            opt.step()
+        w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(w) for _ in range(size)]
+        dist.all_gather(every, w)
+        if not all(torch.equal(every[0], e) for e in every):
+            bad.append("DDP with the allreduce comm hook: weights differ between ranks")
+        dist.destroy_process_group()
+    except Exception as err:
+        bad.append(f"{type(err).__name__}: {err}")
+    results.put((rank, bad))

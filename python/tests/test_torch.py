@@ -63,6 +63,11 @@ def test_reduce_gather_scatter_coalesced_uneven_and_monitored(size):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
 
+def test_operations_are_queued_and_return_their_work_at_once():
+    for rank, bad in run_ranks(_torch_ranks.asynchronous, 2):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
 def test_a_device_string_routes_only_cpu_tensors_to_ferroce():
     """"cpu:ferroce,cuda:gloo" keeps gloo for CUDA tensors (no GPU is needed to build the
     table). Where torch's c10d Backend cannot be subclassed from Python (torch 2.11), ferroce
