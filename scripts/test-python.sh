@@ -14,7 +14,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 cargo fmt --manifest-path python/Cargo.toml -- --check
 CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml \
   --all-targets --quiet -- -D warnings
-python3 -m pip install -q --root-user-action=ignore pytest numpy
+python3 -m pip install -q --root-user-action=ignore pytest numpy expecttest
 if [ "${FERROCE_SKIP_TORCH:-0}" != 1 ] && ! python3 -c "import torch" 2>/dev/null; then
   echo "== installing torch from the registry (large: its CUDA libraries come along)"
   start=$(date +%s)

@@ -224,6 +224,8 @@ class _Opts:
             self.reduceOp = _op(opts.reduceOp)
         if hasattr(opts, "rootRank"):
             self.rootRank = int(opts.rootRank)
+        if hasattr(opts, "timeout"):
+            self.timeout = opts.timeout  # a timedelta: a copy
 
 
 def _queued(operation):
@@ -516,25 +518,44 @@ class ProcessGroupFerroce(_Base):
 
         _in_place(out, run)
 
-    @_queued
     def monitored_barrier(self, opts, wait_all_ranks=False):
-        """Rank 0 hears from every other rank, then answers each (as gloo's): a rank that
-        does not arrive within the group's timeout fails it, naming that rank."""
+        """As gloo's: rank 0 hears from every other rank within the call's timeout, then
+        answers each; a rank that does not arrive fails rank 0's call, naming it, and the
+        others' with the error rank 0's failure sends them. It returns when done (torch
+        calls it for no Work)."""
+        self._monitored_barrier(_Opts(opts), wait_all_ranks).wait()
+
+    @_queued
+    def _monitored_barrier(self, opts, wait_all_ranks):
         n, me = self.size(), self.rank()
         one = torch.zeros(1, dtype=torch.uint8)
-        if me != 0:
-            self._comm._send(_buf(one), 0)
-            self._comm._recv(_buf(one), 0)
+        saved = self._comm.timeout
+        timeout = getattr(opts, "timeout", None)
+        if timeout is not None and timeout.total_seconds() > 0:
+            self._comm.timeout = timeout.total_seconds()
+        try:
+            if me != 0:
+                self._comm._send(_buf(one), 0)
+                try:
+                    self._comm._recv(_buf(one), 0)
+                except Exception as e:
+                    raise RuntimeError(
+                        f"Rank {me} successfully reached monitoredBarrier, but received "
+                        f"errors while waiting for send/recv from rank 0: {e}") from None
+                return []
+            for r in range(1, n):
+                try:
+                    self._comm._recv(_buf(one), r)
+                except Exception as e:
+                    # The communicator is broken after a failure (see ferroce-coll), so the
+                    # ranks after this one cannot be told apart: the first is named.
+                    raise RuntimeError(
+                        f"Rank {r} failed to pass monitoredBarrier in {timeout}: {e}") from None
+            for r in range(1, n):
+                self._comm._send(_buf(one), r)
             return []
-        for r in range(1, n):
-            try:
-                self._comm._recv(_buf(one), r)
-            except Exception as e:
-                raise RuntimeError(
-                    f"[Rank 0]: Rank {r} failed to pass monitoredBarrier: {e}") from None
-        for r in range(1, n):
-            self._comm._send(_buf(one), r)
-        return []
+        finally:
+            self._comm.timeout = saved
 
 
 def _create(store, rank, size, timeout):

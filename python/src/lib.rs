@@ -769,6 +769,20 @@ impl Communicator {
         self.detached(py, |comm| comm.sendrecv(send, to, recv, source))
     }
 
+    /// Seconds a collective may go without progress before it fails (settable).
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.comm.timeout().as_secs_f64()
+    }
+
+    #[setter]
+    fn set_timeout(&mut self, seconds: f64) -> PyResult<()> {
+        let t = Duration::try_from_secs_f64(seconds.max(0.001))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.comm.set_timeout(t);
+        Ok(())
+    }
+
     /// Waits until every rank called it.
     fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
         self.detached(py, |comm| comm.barrier())

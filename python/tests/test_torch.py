@@ -169,3 +169,42 @@ def test_send_of_a_64_mib_column_under_torchrun():
     assert run.returncode == 0, out
     assert "rank 0 sent the column" in run.stdout, out
     assert "rank 1 received the column: 0 wrong values" in run.stdout, out
+
+
+# torch's own distributed suite (python/suite/torch_distributed_suite.py runs all of it): the
+# tests of the operations ferroce implements, on ferroce in gloo's place, 3 ranks. Each must
+# run and pass; none of these is skipped for gloo on a CPU-only machine.
+SUITE_SUBSET = [
+    "test_all_reduce_sum",
+    "test_all_reduce_sum_async",
+    "test_all_reduce_coalesced_sum",
+    "test_reduce_sum",
+    "test_reduce_full_group_max",
+    "test_broadcast",
+    "test_gather",
+    "test_scatter",
+    "test_all_gather",
+    "test_all_gather_coalesced_simple",
+    "test_send_recv",
+    "test_barrier",
+    "test_get_future",
+    "test_monitored_barrier_gloo",
+]
+
+
+def test_a_subset_of_torchs_own_distributed_suite():
+    import re
+    import subprocess
+
+    require_module("expecttest", "scripts/test-python.sh installs it (torch's test utilities)")
+    suite = os.path.join(os.path.dirname(__file__), "..", "suite", "torch_distributed_suite.py")
+    args = []
+    for name in SUITE_SUBSET:
+        args += ["-k", f"*.TestDistBackendWithSpawn.{name}"]  # exactly that test
+    run = subprocess.run([sys.executable, suite, *args], capture_output=True, text=True,
+                         timeout=1200, env={**os.environ, "SUITE_BACKEND": "ferroce"})
+    out = run.stdout + run.stderr
+    m = re.search(r"Ran (\d+) tests?", out)
+    assert m and int(m.group(1)) == len(SUITE_SUBSET), out[-3000:]
+    assert run.returncode == 0 and "skipped" not in out.split("Ran ")[-1], out[-3000:]
+

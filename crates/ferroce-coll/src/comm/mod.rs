@@ -181,6 +181,17 @@ impl Communicator {
         self.links.get(peer)?.as_ref().map(|l| l.qp.provider())
     }
 
+    /// How long a collective may go without progress before it fails (see
+    /// [`CommOptions::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.opts.timeout
+    }
+
+    /// Sets that time for the calls that follow (torch's `monitored_barrier` takes its own).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.opts.timeout = timeout;
+    }
+
     /// Refuses a call on a broken communicator.
     pub(crate) fn usable(&self) -> Result<(), CollError> {
         match &self.broken {
