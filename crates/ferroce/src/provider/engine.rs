@@ -546,20 +546,14 @@ pub(crate) fn hand_over(
 
 /// One pass of the engine thread: `(did anything, next deadline, next transport timer)`.
 fn engine_pass(shared: &ContextShared) -> (bool, Option<Instant>, Option<Instant>) {
-    let mut st = match shared.engine.try_lock() {
-        Ok(st) => st,
-        // Taken by an application thread (a post transmitting inline, a poll): wait for it
-        // rather than look again later. Its hold is short (one pass), and the engine thread
-        // has nothing else to do: it was woken because the socket or its doorbell has
-        // something, and while the lock is held the socket stays readable, so a sleep on it
-        // would return at once, again and again — a thread spinning through `ppoll` on a
-        // small machine takes the CPU the lock's holder needs to let go (measured: ~20 `ppoll`
-        // per message of a WRITE ping-pong whose programs wait on memory, 2 vCPUs).
-        Err(std::sync::TryLockError::WouldBlock) => {
-            shared.engine.lock().unwrap_or_else(|e| e.into_inner())
-        }
-        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-    };
+    // The lock may be held by an application thread (a post transmitting inline, a poll):
+    // wait for it rather than look again later. Its hold is short (one pass), and the engine
+    // thread has nothing else to do: it was woken because the socket or its doorbell has
+    // something, and while the lock is held the socket stays readable, so a sleep on it would
+    // return at once, again and again — a thread spinning through `ppoll` on a small machine
+    // takes the CPU the lock's holder needs to let go (measured: ~20 `ppoll` per message of a
+    // WRITE ping-pong whose programs wait on memory, 2 vCPUs).
+    let mut st = shared.engine.lock().unwrap_or_else(|e| e.into_inner());
     let did = progress(shared, &mut st);
     (did, st.next_deadline, st.next_timer)
 }
