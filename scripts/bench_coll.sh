@@ -13,8 +13,10 @@
 # for every case back to back, so a ratio is taken between runs made next to each other, and
 # the tables print the median ratio with its range (min..max over repetitions). At the top:
 # the core count and memcpy speed of this machine; per repetition, the floors of the same run:
-# memcpy of 64 MiB, one TCP stream over the veth (iperf3, the cross-host case's bound) and a
-# raw UDP stream on loopback (udp-baseline, GSO).
+# memcpy of 64 MiB, one TCP stream over the veth (iperf3, the cross-host case's bound), two TCP
+# streams over it at once, one each way (separate iperf3 processes): what TCP carries each way
+# while both directions are busy, as in a 2-rank allreduce, where each rank sends and receives
+# busbw bytes per second at once; and a raw UDP stream on loopback (udp-baseline, GSO).
 #   sudo scripts/bench_coll.sh            # root: network namespaces; Open MPI installed
 #   sudo REPS=3 CASES="2 hosts" scripts/bench_coll.sh
 set -euo pipefail
@@ -28,7 +30,8 @@ tmp=$(mktemp -d)
 A=fcoll-$$-a
 B=fcoll-$$-b
 cleanup() {
-  [ -n "${IPERF_PID:-}" ] && kill "$IPERF_PID" 2>/dev/null || true
+  # shellcheck disable=SC2086 # two PIDs
+  [ -n "${IPERF_PID:-}" ] && kill $IPERF_PID 2>/dev/null || true
   ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -75,12 +78,17 @@ ip -n "$B" addr add 10.213.0.2 peer 10.213.0.1 dev veth0
 for ns in "$A" "$B"; do ip -n "$ns" link set veth0 up; done
 ip netns exec "$A" iperf3 -s -B 10.213.0.1 -p 5299 >/dev/null 2>&1 &
 IPERF_PID=$!
+ip netns exec "$B" iperf3 -s -B 10.213.0.2 -p 5300 >/dev/null 2>&1 &
+IPERF_PID="$IPERF_PID $!"
 sleep 0.5
 
 for r in $(seq "$REPS"); do
   echo "== repetition $r of $REPS"
   memcpy > "$tmp/memcpy-$r"
   ip netns exec "$B" iperf3 -c 10.213.0.1 -p 5299 -t 3 -J > "$tmp/iperf-$r" 2>&1 || true
+  ip netns exec "$B" iperf3 -c 10.213.0.1 -p 5299 -t 3 -J > "$tmp/iperf-ba-$r" 2>&1 &
+  ip netns exec "$A" iperf3 -c 10.213.0.2 -p 5300 -t 3 -J > "$tmp/iperf-ab-$r" 2>&1 || true
+  wait $! || true
   target/release/udp-baseline stream --size 4096 --bytes $((1 << 30)) --mode gso --json \
     > "$tmp/udp-$r" 2>&1 || true
   for c in $CASES; do
@@ -121,9 +129,20 @@ def floats(name, get):
     return out
 mc = floats("memcpy", lambda t: float(t.strip()))
 tcp = floats("iperf", lambda t: json.loads(t)["end"]["sum_received"]["bits_per_second"] / 8e9)
+def both_ways(r):
+    got = [json.load(open(os.path.join(d, f"iperf-{w}-{r}")))["end"]["sum_received"]["bits_per_second"] / 8e9
+           for w in ("ab", "ba")]
+    return sum(got) / 2
+tcp2 = []
+for r in range(1, reps + 1):
+    try:
+        tcp2.append(both_ways(r))
+    except Exception:
+        pass
 udp = floats("udp", lambda t: json.loads(t.strip().splitlines()[-1])["gb_s"])
 print(f"\nfloors of this run, GB/s, median (range) over {reps}: memcpy 64 MiB {med(mc) if mc else '-'}; "
-      f"one TCP stream over the veth (iperf3) {med(tcp) if tcp else '-'}; raw UDP on loopback (GSO) {med(udp) if udp else '-'}")
+      f"one TCP stream over the veth (iperf3) {med(tcp) if tcp else '-'}; "
+      f"two at once, one each way, mean of the two {med(tcp2) if tcp2 else '-'}; raw UDP on loopback (GSO) {med(udp) if udp else '-'}")
 labels = {'2': '2 ranks, one host (ferroce shm / MPI vader)',
           '4': '4 ranks, one host (ferroce shm / MPI vader)',
           'hosts': '2 ranks, two namespace hosts (ferroce UDP / MPI TCP)'}
@@ -151,4 +170,10 @@ for case in cases:
         big = [fr[max(sizes)][1] for (fr, _), _ in runs]
         share = [b / t for b, t in zip(big, tcp)]
         print(f"ferroce busbw at {max(sizes)} B against one TCP stream over the same veth: {med(share)}")
+        if tcp2:
+            both = [b / t for b, t in zip(big, tcp2)]
+            mpi_big = [mp[max(sizes)][1] for _, mp in runs]
+            mpi_both = [b / t for b, t in zip(mpi_big, tcp2)]
+            print(f"against TCP's each-way rate with both directions busy: ferroce {med(both)}, "
+                  f"Open MPI {med(mpi_both)}")
 PY

@@ -19,6 +19,7 @@
 //! `ferroce.torch` are the public faces (element types, tensors), these are theirs.
 
 mod buffer;
+mod capi;
 
 use std::time::Duration;
 
@@ -588,7 +589,8 @@ fn op_of(name: &str) -> PyResult<ReduceOp> {
 /// in place with no copy; the `ferroce.collectives` module wraps this with element types.
 #[pyclass(module = "ferroce")]
 struct Communicator {
-    comm: ferroce_coll::Communicator,
+    /// `None` once the torch backend took it (see the `capi` module).
+    comm: Option<ferroce_coll::Communicator>,
 }
 
 #[pymethods]
@@ -613,7 +615,7 @@ impl Communicator {
         let comm = py
             .allow_threads(|| ferroce_coll::Communicator::from_env(&opts))
             .map_err(coll_err)?;
-        Ok(Communicator { comm })
+        Ok(Communicator { comm: Some(comm) })
     }
 
     /// Connects rank `rank` of `size` through `exchange`, a callable that takes this rank's
@@ -653,19 +655,19 @@ impl Communicator {
             got.extract::<Vec<Vec<u8>>>().map_err(|e| e.to_string())
         })
         .map_err(coll_err)?;
-        Ok(Communicator { comm })
+        Ok(Communicator { comm: Some(comm) })
     }
 
     /// This rank.
     #[getter]
-    fn rank(&self) -> usize {
-        self.comm.rank()
+    fn rank(&self) -> PyResult<usize> {
+        Ok(self.get()?.rank())
     }
 
     /// How many ranks.
     #[getter]
-    fn size(&self) -> usize {
-        self.comm.size()
+    fn size(&self) -> PyResult<usize> {
+        Ok(self.get()?.size())
     }
 
     /// Reduces `buf` (an object with the buffer protocol, C-contiguous and writable) in place
@@ -771,15 +773,15 @@ impl Communicator {
 
     /// Seconds a collective may go without progress before it fails (settable).
     #[getter]
-    fn timeout(&self) -> f64 {
-        self.comm.timeout().as_secs_f64()
+    fn timeout(&self) -> PyResult<f64> {
+        Ok(self.get()?.timeout().as_secs_f64())
     }
 
     #[setter]
     fn set_timeout(&mut self, seconds: f64) -> PyResult<()> {
         let t = Duration::try_from_secs_f64(seconds.max(0.001))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        self.comm.set_timeout(t);
+        self.get_mut()?.set_timeout(t);
         Ok(())
     }
 
@@ -790,6 +792,20 @@ impl Communicator {
 }
 
 impl Communicator {
+    fn gone() -> PyErr {
+        CollectiveError::new_err(
+            "this Communicator was handed to a torch backend, which owns it now",
+        )
+    }
+
+    fn get(&self) -> PyResult<&ferroce_coll::Communicator> {
+        self.comm.as_ref().ok_or_else(Communicator::gone)
+    }
+
+    fn get_mut(&mut self) -> PyResult<&mut ferroce_coll::Communicator> {
+        self.comm.as_mut().ok_or_else(Communicator::gone)
+    }
+
     /// Runs `f` on the communicator without the GIL; its failure is raised as
     /// `CollectiveError`.
     fn detached(
@@ -797,7 +813,7 @@ impl Communicator {
         py: Python<'_>,
         f: impl FnOnce(&mut ferroce_coll::Communicator) -> Result<(), ferroce_coll::CollError> + Send,
     ) -> PyResult<()> {
-        let comm = &mut self.comm;
+        let comm = self.get_mut()?;
         py.allow_threads(|| f(comm)).map_err(coll_err)
     }
 }
@@ -817,5 +833,6 @@ fn _ferroce(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRecvWr>()?;
     m.add_class::<Qp>()?;
     m.add_class::<Communicator>()?;
+    m.add_function(wrap_pyfunction!(capi::_coll_api, m)?)?;
     Ok(())
 }

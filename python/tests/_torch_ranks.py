@@ -319,7 +319,7 @@ def routing(rank, size, port, results):
 def more_ops(rank, size, port, results):
     """reduce, gather, scatter, all_reduce_coalesced, all_gather_coalesced, uneven
     all_to_all_single and all_to_all, and monitored_barrier on "ferroce": every value as the
-    operation defines it, on every rank."""
+    operation defines it, on every rank; and recv from any source refused with its reason."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     import torch
@@ -396,6 +396,17 @@ def more_ops(rank, size, port, results):
 
         dist.monitored_barrier()
         dist.monitored_barrier(wait_all_ranks=True)
+
+        # A receive from any source is refused at the call, saying so; the group goes on.
+        try:
+            dist.recv(torch.empty(1))
+            bad.append("a receive from any source did not fail")
+        except NotImplementedError as e:
+            if "any source" not in str(e):
+                bad.append(f"recv from any source: {e}")
+        z = torch.ones(2)
+        dist.all_reduce(z)
+        check("all_reduce after a refused recv", z, torch.full((2,), float(size)))
         dist.destroy_process_group()
     except Exception as err:
         import traceback
@@ -425,13 +436,17 @@ def asynchronous(rank, size, port, results):
             time.sleep(0.5)
         t = torch.full((1000,), float(rank + 1))
         w = dist.all_reduce(t, async_op=True)
-        if rank == 0 and w.get_future().done():
+        if rank == 0 and (w.get_future().done() or w.is_completed()):
             bad.append("an all_reduce a late rank had not joined was already done")
         w.wait()
         if not torch.equal(t, torch.full((1000,), float(size * (size + 1) // 2))):
             bad.append("async all_reduce value")
         if not w.get_future().done():
             bad.append("the future is not done after wait()")
+        if not w.is_completed():
+            bad.append("the Work is not completed after wait()")
+        if not torch.equal(w.get_future().value()[0], t):
+            bad.append("the future's value is not the reduced tensor")
 
         # Queued in a row, waited for in reverse: each sees the one before it.
         x = torch.ones(10)

@@ -53,12 +53,8 @@ def test_every_operation_on_strided_tensors(size):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_reduce_gather_scatter_coalesced_uneven_and_monitored(size):
-    """The operations beyond the first set, where ferroce is a c10d Backend (torch's
-    ProcessGroup trampoline of older torch has no reduce, gather or scatter to override)."""
-    import ferroce.torch
-
-    if not ferroce.torch.ROUTES_BY_DEVICE:
-        pytest.xfail(f"torch {torch.__version__}: ferroce is a ProcessGroup there")
+    """reduce, gather, scatter, the coalesced operations, uneven all_to_all, monitored
+    barriers, and the clear error of a receive from any source."""
     for rank, bad in run_ranks(_torch_ranks.more_ops, size):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
@@ -70,16 +66,8 @@ def test_operations_are_queued_and_return_their_work_at_once():
 
 def test_a_device_string_routes_only_cpu_tensors_to_ferroce():
     """"cpu:ferroce,cuda:gloo" keeps gloo for CUDA tensors (no GPU is needed to build the
-    table). Where torch's c10d Backend cannot be subclassed from Python (torch 2.11), ferroce
-    is a whole ProcessGroup and takes every device's tensors: an expected failure there."""
-    import ferroce.torch
-
-    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if version >= (2, 15):
-        # Seen with a Python constructor from 2.15 on: the fallback must not hide a change.
-        assert ferroce.torch.ROUTES_BY_DEVICE, torch.__version__
-    elif not ferroce.torch.ROUTES_BY_DEVICE:
-        pytest.xfail(f"torch {torch.__version__}: c10d's Backend has no Python constructor")
+    table): ferroce is a C++ c10d Backend, which torch puts under its own group for CPU
+    tensors alone."""
     for rank, bad in run_ranks(_torch_ranks.routing, 2):
         assert bad == [], f"rank {rank}: {bad}"
 

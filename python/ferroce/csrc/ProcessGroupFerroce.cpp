@@ -1,0 +1,986 @@
+// ferroce's collectives as a c10d Backend: torch routes the CPU tensors of a group to it (so
+// "cpu:ferroce,cuda:nccl" keeps NCCL for CUDA tensors, on every torch with c10d Backends), and
+// every operation returns a C++ Work torch reads directly (is_completed, wait with a timeout,
+// get_future, the exception, the result).
+//
+// Built against the installed torch by ferroce/torch.py on first import (torch's
+// cpp_extension, cached per torch and source). The collectives themselves are ferroce-coll's,
+// reached through the table of C functions the package's Rust extension exports
+// (python/src/capi.rs, `_coll_api()`); the endpoint exchange runs in Python over torch's store
+// and hands this backend a Communicator, which it takes over.
+//
+// Threads: each backend runs its operations one at a time on a worker thread of its own, in
+// the order they were called, as gloo's and NCCL's work queues do; a call checks its
+// arguments, queues the operation and returns its Work. The communicator is used by the
+// worker alone (ferroce-coll's communicator is not shared between threads). Each queued
+// operation holds the tensors it reads and writes (at::Tensor references) until it ran, so
+// the addresses it hands ferroce-coll stay valid: no address passes through Python.
+
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ferroce {
+
+// ---- the Rust extension's table (python/src/capi.rs, `CollApi`; same order, same types) ----
+
+struct Comm;
+
+enum Status : int { kOk = 0, kInvalid = 1, kTimeout = 2, kPeer = 3, kOther = 4 };
+
+struct CollApi {
+  uint32_t version;
+  uint32_t size;
+  Comm* (*take)(PyObject*, char*, size_t);
+  void (*free)(Comm*);
+  void (*set_timeout)(Comm*, double);
+  double (*timeout)(const Comm*);
+  int (*allreduce)(Comm*, void*, size_t, uint32_t, uint32_t, char*, size_t);
+  int (*broadcast)(Comm*, void*, size_t, size_t, char*, size_t);
+  int (*reduce)(Comm*, void*, size_t, uint32_t, uint32_t, size_t, char*, size_t);
+  int (*allgather)(Comm*, const void*, size_t, void*, size_t, char*, size_t);
+  int (*reduce_scatter)(
+      Comm*, const void*, size_t, void*, size_t, uint32_t, uint32_t, char*, size_t);
+  int (*alltoall)(Comm*, const void*, size_t, void*, size_t, char*, size_t);
+  int (*sendrecv)(Comm*, const void*, size_t, size_t, void*, size_t, size_t, char*, size_t);
+  int (*barrier)(Comm*, char*, size_t);
+};
+
+constexpr uint32_t kApiVersion = 1;
+constexpr const char* kApiCapsule = "ferroce._ferroce.coll_api";
+// A side left out of a sendrecv.
+constexpr size_t kNone = SIZE_MAX;
+
+// ---- element types and operators ---------------------------------------------------------
+
+// The numbers capi.rs's `dtype` reads.
+uint32_t dtypeCode(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return 0;
+    case at::kDouble:
+      return 1;
+    case at::kHalf:
+      return 2;
+    case at::kBFloat16:
+      return 3;
+    case at::kInt:
+      return 4;
+    case at::kLong:
+      return 5;
+    case at::kByte:
+      return 6;
+    default:
+      C10_THROW_ERROR(
+          TypeError,
+          "ferroce has no element type for torch." +
+              std::string(c10::getDtypeNames(t.scalar_type()).first) +
+              " (float32, float64, float16, bfloat16, int32, int64 and uint8 reduce)");
+  }
+}
+
+// The numbers capi.rs's `op` reads.
+uint32_t opCode(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return 0;
+    case c10d::ReduceOp::PRODUCT:
+      return 1;
+    case c10d::ReduceOp::MIN:
+      return 2;
+    case c10d::ReduceOp::MAX:
+      return 3;
+    case c10d::ReduceOp::AVG:
+      return 4;
+    default:
+      C10_THROW_ERROR(
+          ValueError, "ferroce has no such reduction (SUM, PRODUCT, MIN, MAX and AVG)");
+  }
+}
+
+void checkCpu(const at::Tensor& t) {
+  if (!t.device().is_cpu()) {
+    C10_THROW_ERROR(ValueError, "the ferroce backend takes CPU tensors, not " + t.device().str());
+  }
+  if (t.is_sparse()) {
+    C10_THROW_ERROR(ValueError, "the ferroce backend takes dense tensors");
+  }
+}
+
+void checkCpu(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    checkCpu(t);
+  }
+}
+
+// `t` itself where contiguous, else a contiguous copy (copied back by `writeBack`).
+at::Tensor contiguous(const at::Tensor& t) {
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+void writeBack(at::Tensor& t, const at::Tensor& c) {
+  if (!c.is_same(t)) {
+    t.copy_(c);
+  }
+}
+
+// `in` contiguous and sharing no memory with `out` (cloned where it does, as in torch's
+// in-place all_gather_into_tensor(out, out.chunk(size)[rank])): ferroce refuses an input that
+// overlaps the output.
+at::Tensor apart(const at::Tensor& in, const at::Tensor& out) {
+  bool same = in.numel() > 0 && out.numel() > 0 && in.has_storage() && out.has_storage() &&
+      in.storage().is_alias_of(out.storage());
+  return same ? in.clone(at::MemoryFormat::Contiguous) : contiguous(in);
+}
+
+// ---- Work --------------------------------------------------------------------------------
+
+class FerroceWork : public c10d::Work {
+ public:
+  FerroceWork(
+      int rank,
+      c10d::OpType type,
+      const char* title,
+      std::vector<at::Tensor> outputs,
+      std::function<void()> body)
+      : Work(rank, type, title),
+        outputs_(std::move(outputs)),
+        body_(std::move(body)),
+        future_(c10::make_intrusive<at::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+
+  // Runs the operation on the worker; then its future completes (its callbacks run here, as
+  // gloo's do), then the Work (waiters return).
+  void execute() {
+    std::exception_ptr error;
+    try {
+      body_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    body_ = nullptr; // the inputs it held
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    finish(error);
+  }
+
+  std::vector<at::Tensor> result() override {
+    return outputs_;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> body_;
+  c10::intrusive_ptr<at::ivalue::Future> future_;
+};
+
+// ---- the backend -------------------------------------------------------------------------
+
+class ProcessGroupFerroce : public c10d::Backend {
+ public:
+  ProcessGroupFerroce(
+      const CollApi& api,
+      Comm* comm,
+      int rank,
+      int size,
+      std::chrono::milliseconds timeout)
+      : Backend(rank, size), table_(api), api_(&table_), comm_(comm), timeout_(timeout) {
+    const char* sync = std::getenv("FERROCE_TORCH_SYNC");
+    sync_ = sync != nullptr && std::string(sync) != "" && std::string(sync) != "0";
+    if (!sync_) {
+      worker_ = std::thread([this] { run(); });
+    }
+  }
+
+  ~ProcessGroupFerroce() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) {
+      // The worker may be completing a future whose Python callback needs the GIL.
+      if (PyGILState_Check()) {
+        pybind11::gil_scoped_release release;
+        worker_.join();
+      } else {
+        worker_.join();
+      }
+    }
+    api_->free(comm_);
+  }
+
+  const std::string getBackendName() const override {
+    return "ferroce";
+  }
+
+  // -- collectives ---------------------------------------------------------------------------
+
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override {
+    checkCpu(tensors);
+    uint32_t op = opCode(opts.reduceOp);
+    for (const auto& t : tensors) {
+      dtypeCode(t);
+    }
+    return enqueue(c10d::OpType::ALLREDUCE, "ferroce:all_reduce", tensors, opts.timeout,
+                   [this, tensors, op]() mutable {
+                     for (auto& t : tensors) {
+                       allreduceOne(t, op);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override {
+    checkCpu(tensors);
+    uint32_t op = opCode(opts.reduceOp);
+    for (const auto& t : tensors) {
+      TORCH_CHECK_VALUE(
+          t.scalar_type() == tensors.at(0).scalar_type(),
+          "all_reduce_coalesced takes tensors of one dtype");
+      dtypeCode(t);
+    }
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "ferroce:all_reduce_coalesced", tensors,
+                   opts.timeout, [this, tensors, op]() mutable {
+                     if (tensors.empty()) {
+                       return;
+                     }
+                     // One reduction of them all, flattened (gloo's needs one dtype too).
+                     auto flat = flatten(tensors);
+                     allreduceOne(flat, op);
+                     unflatten(flat, tensors);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts) override {
+    checkCpu(tensors);
+    checkRank(opts.rootRank, "root");
+    TORCH_CHECK_VALUE(
+        opts.rootTensor >= 0 && opts.rootTensor < static_cast<int64_t>(tensors.size()),
+        "broadcast: root tensor ", opts.rootTensor, " of ", tensors.size());
+    size_t root = static_cast<size_t>(opts.rootRank);
+    size_t which = static_cast<size_t>(opts.rootTensor);
+    return enqueue(c10d::OpType::BROADCAST, "ferroce:broadcast", tensors, opts.timeout,
+                   [this, tensors, root, which]() mutable {
+                     auto& t = tensors[which];
+                     auto c = contiguous(t);
+                     call(api_->broadcast(comm_, c.data_ptr(), c.nbytes(), root, err_, sizeof err_));
+                     writeBack(t, c);
+                     // Every other tensor of this rank gets it too (gloo's meaning).
+                     for (size_t i = 0; i < tensors.size(); i++) {
+                       if (i != which) {
+                         tensors[i].copy_(t);
+                       }
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts) override {
+    checkCpu(tensors);
+    checkRank(opts.rootRank, "root");
+    uint32_t op = opCode(opts.reduceOp);
+    for (const auto& t : tensors) {
+      dtypeCode(t);
+    }
+    size_t root = static_cast<size_t>(opts.rootRank);
+    return enqueue(c10d::OpType::REDUCE, "ferroce:reduce", tensors, opts.timeout,
+                   [this, tensors, op, root]() mutable {
+                     for (auto& t : tensors) {
+                       auto c = contiguous(t);
+                       call(api_->reduce(comm_, c.data_ptr(), c.nbytes(), dtypeCode(c), op, root,
+                                         err_, sizeof err_));
+                       writeBack(t, c);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    checkCpu(inputs);
+    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "all_gather: one output list per input");
+    for (size_t i = 0; i < inputs.size(); i++) {
+      checkCpu(outputs[i]);
+      TORCH_CHECK_VALUE(
+          outputs[i].size() == static_cast<size_t>(size_),
+          "all_gather: ", outputs[i].size(), " output tensors for ", size_, " ranks");
+      for (const auto& o : outputs[i]) {
+        TORCH_CHECK_VALUE(
+            o.numel() == inputs[i].numel() && o.scalar_type() == inputs[i].scalar_type(),
+            "all_gather: an output tensor differs from the input in size or dtype");
+      }
+    }
+    return enqueue(c10d::OpType::ALLGATHER, "ferroce:all_gather", flat(outputs), opts.timeout,
+                   [this, outputs, inputs]() mutable {
+                     for (size_t i = 0; i < inputs.size(); i++) {
+                       auto in = contiguous(inputs[i]);
+                       std::vector<int64_t> shape{size_};
+                       shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
+                       auto gathered = at::empty(shape, in.options());
+                       allgatherInto(in, gathered);
+                       for (int64_t r = 0; r < size_; r++) {
+                         outputs[i][r].copy_(gathered[r]);
+                       }
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override {
+    checkCpu(output);
+    checkCpu(input);
+    TORCH_CHECK_VALUE(
+        output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
+        "all_gather_into_tensor: the output must hold ", size_, " inputs of its dtype");
+    std::vector<at::Tensor> outs{output};
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, "ferroce:all_gather_into_tensor", outs,
+                   opts.timeout, [this, output, input]() mutable {
+                     auto c = contiguous(output);
+                     allgatherInto(apart(input, c), c);
+                     writeBack(output, c);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    checkCpu(outputs);
+    checkCpu(inputs);
+    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "one output per input");
+    for (size_t i = 0; i < inputs.size(); i++) {
+      TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_,
+                        "all_gather_into_tensor: the output must hold ", size_, " inputs");
+    }
+    return enqueue(c10d::OpType::COALESCED, "ferroce:all_gather_into_tensor_coalesced", outputs,
+                   opts.timeout, [this, outputs, inputs]() mutable {
+                     for (size_t i = 0; i < inputs.size(); i++) {
+                       auto c = contiguous(outputs[i]);
+                       allgatherInto(apart(inputs[i], c), c);
+                       writeBack(outputs[i], c);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    checkCpu(inputs);
+    TORCH_CHECK_VALUE(outputLists.size() == static_cast<size_t>(size_),
+                      "all_gather_coalesced: one output list per rank");
+    for (const auto& t : inputs) {
+      TORCH_CHECK_VALUE(t.scalar_type() == inputs.at(0).scalar_type(),
+                        "all_gather_coalesced takes tensors of one dtype");
+    }
+    for (auto& outs : outputLists) {
+      checkCpu(outs);
+      TORCH_CHECK_VALUE(outs.size() == inputs.size(),
+                        "all_gather_coalesced: each output list matches the inputs");
+      for (size_t i = 0; i < outs.size(); i++) {
+        TORCH_CHECK_VALUE(outs[i].numel() == inputs[i].numel(),
+                          "all_gather_coalesced: an output differs from its input in size");
+      }
+    }
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, "ferroce:all_gather_coalesced",
+                   flat(outputLists), opts.timeout, [this, outputLists, inputs]() mutable {
+                     if (inputs.empty()) {
+                       return;
+                     }
+                     // Every rank's inputs flattened into one block, one allgather, then
+                     // split back: outputLists[r][i] gets rank r's inputs[i].
+                     auto one = flatten(inputs);
+                     auto gathered = at::empty({size_, one.numel()}, one.options());
+                     allgatherInto(one, gathered);
+                     for (int64_t r = 0; r < size_; r++) {
+                       unflatten(gathered[r], outputLists[r]);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts) override {
+    checkRank(opts.rootRank, "root");
+    TORCH_CHECK_VALUE(inputs.size() == 1, "gather takes one input tensor");
+    checkCpu(inputs);
+    int64_t root = opts.rootRank;
+    if (rank_ == root) {
+      TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                        "gather: the root needs one output tensor per rank");
+      checkCpu(outputs[0]);
+      for (const auto& o : outputs[0]) {
+        TORCH_CHECK_VALUE(o.numel() == inputs[0].numel(),
+                          "gather: an output differs from the input in size");
+      }
+    } else {
+      TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "gather: only the root takes outputs");
+    }
+    return enqueue(c10d::OpType::GATHER, "ferroce:gather", flat(outputs), opts.timeout,
+                   [this, outputs, inputs, root]() mutable {
+                     auto in = contiguous(inputs[0]);
+                     if (rank_ != root) {
+                       sendTo(in, root);
+                       return;
+                     }
+                     for (int64_t r = 0; r < size_; r++) {
+                       auto& out = outputs[0][r];
+                       if (r == rank_) {
+                         out.copy_(in);
+                       } else {
+                         auto c = contiguous(out);
+                         recvFrom(c, r);
+                         writeBack(out, c);
+                       }
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts) override {
+    checkRank(opts.rootRank, "root");
+    TORCH_CHECK_VALUE(outputs.size() == 1, "scatter takes one output tensor");
+    checkCpu(outputs);
+    int64_t root = opts.rootRank;
+    if (rank_ == root) {
+      TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                        "scatter: the root needs one input tensor per rank");
+      checkCpu(inputs[0]);
+      for (const auto& i : inputs[0]) {
+        TORCH_CHECK_VALUE(i.numel() == outputs[0].numel(),
+                          "scatter: an input differs from the output in size");
+      }
+    } else {
+      TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "scatter: only the root takes inputs");
+    }
+    return enqueue(c10d::OpType::SCATTER, "ferroce:scatter", outputs, opts.timeout,
+                   [this, outputs, inputs, root]() mutable {
+                     auto& out = outputs[0];
+                     if (rank_ != root) {
+                       auto c = contiguous(out);
+                       recvFrom(c, root);
+                       writeBack(out, c);
+                       return;
+                     }
+                     for (int64_t r = 0; r < size_; r++) {
+                       if (r == rank_) {
+                         out.copy_(inputs[0][r]);
+                       } else {
+                         sendTo(contiguous(inputs[0][r]), r);
+                       }
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    checkCpu(outputs);
+    uint32_t op = opCode(opts.reduceOp);
+    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "reduce_scatter: one input list per output");
+    for (size_t i = 0; i < outputs.size(); i++) {
+      dtypeCode(outputs[i]);
+      checkCpu(inputs[i]);
+      TORCH_CHECK_VALUE(inputs[i].size() == static_cast<size_t>(size_),
+                        "reduce_scatter: one input tensor per rank");
+      for (const auto& t : inputs[i]) {
+        TORCH_CHECK_VALUE(t.numel() == outputs[i].numel() &&
+                              t.scalar_type() == outputs[i].scalar_type(),
+                          "reduce_scatter: an input differs from the output in size or dtype");
+      }
+    }
+    return enqueue(c10d::OpType::REDUCE_SCATTER, "ferroce:reduce_scatter", outputs, opts.timeout,
+                   [this, outputs, inputs, op]() mutable {
+                     for (size_t i = 0; i < outputs.size(); i++) {
+                       auto whole = flatten(inputs[i]);
+                       auto c = contiguous(outputs[i]);
+                       reduceScatterInto(whole, c, op);
+                       writeBack(outputs[i], c);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override {
+    checkCpu(output);
+    checkCpu(input);
+    uint32_t op = opCode(opts.reduceOp);
+    dtypeCode(output);
+    TORCH_CHECK_VALUE(
+        input.numel() == output.numel() * size_ && input.scalar_type() == output.scalar_type(),
+        "reduce_scatter_tensor: the input must hold ", size_, " outputs of its dtype");
+    std::vector<at::Tensor> outs{output};
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "ferroce:reduce_scatter_tensor", outs,
+                   opts.timeout, [this, output, input, op]() mutable {
+                     auto c = contiguous(output);
+                     reduceScatterInto(apart(input, c), c, op);
+                     writeBack(output, c);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    checkCpu(outputs);
+    checkCpu(inputs);
+    uint32_t op = opCode(opts.reduceOp);
+    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "one input per output");
+    for (size_t i = 0; i < outputs.size(); i++) {
+      dtypeCode(outputs[i]);
+      TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_,
+                        "reduce_scatter_tensor: the input must hold ", size_, " outputs");
+    }
+    return enqueue(c10d::OpType::COALESCED, "ferroce:reduce_scatter_tensor_coalesced", outputs,
+                   opts.timeout, [this, outputs, inputs, op]() mutable {
+                     for (size_t i = 0; i < outputs.size(); i++) {
+                       auto c = contiguous(outputs[i]);
+                       reduceScatterInto(apart(inputs[i], c), c, op);
+                       writeBack(outputs[i], c);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      std::vector<int64_t>& outputSplits,
+      std::vector<int64_t>& inputSplits,
+      const c10d::AllToAllOptions& opts) override {
+    checkCpu(output);
+    checkCpu(input);
+    TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                      "all_to_all_single: input and output of one dtype");
+    // Even: the whole buffers, cut into equal blocks of bytes (ferroce checks they divide);
+    // uneven: the splits are checked here, at the call.
+    bool even = outputSplits.empty() && inputSplits.empty();
+    if (!even) {
+      blocks(input, inputSplits, "input");
+      blocks(output, outputSplits, "output");
+    }
+    std::vector<at::Tensor> outs{output};
+    return enqueue(c10d::OpType::ALLTOALL_BASE, "ferroce:all_to_all_single", outs, opts.timeout,
+                   [this, output, input, even, inputSplits, outputSplits]() mutable {
+                     auto c = contiguous(output);
+                     auto in = apart(input, c);
+                     if (even) {
+                       call(api_->alltoall(comm_, in.data_ptr(), in.nbytes(), c.data_ptr(),
+                                           c.nbytes(), err_, sizeof err_));
+                     } else {
+                       exchangeBlocks(blocks(in, inputSplits, "input"),
+                                      blocks(c, outputSplits, "output"));
+                     }
+                     writeBack(output, c);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts) override {
+    checkCpu(outputs);
+    checkCpu(inputs);
+    TORCH_CHECK_VALUE(
+        outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
+        "all_to_all: one input and one output tensor per rank");
+    return enqueue(c10d::OpType::ALLTOALL, "ferroce:all_to_all", outputs, opts.timeout,
+                   [this, outputs, inputs]() mutable {
+                     // Pairwise, any sizes the ranks agree on.
+                     std::vector<at::Tensor> send, recv;
+                     for (auto& t : inputs) {
+                       send.push_back(contiguous(t).reshape({-1}));
+                     }
+                     std::vector<at::Tensor> recvWhole;
+                     for (auto& t : outputs) {
+                       recvWhole.push_back(contiguous(t));
+                       recv.push_back(recvWhole.back().view({-1}));
+                     }
+                     exchangeBlocks(send, recv);
+                     for (size_t i = 0; i < outputs.size(); i++) {
+                       writeBack(outputs[i], recvWhole[i]);
+                     }
+                   });
+  }
+
+  // -- point to point ------------------------------------------------------------------------
+
+  c10::intrusive_ptr<c10d::Work> send(
+      std::vector<at::Tensor>& tensors,
+      int dstRank,
+      int /* tag */) override {
+    checkCpu(tensors);
+    checkPeer(dstRank);
+    return enqueue(c10d::OpType::SEND, "ferroce:send", {}, c10d::kUnsetTimeout,
+                   [this, tensors, dstRank]() {
+                     for (const auto& t : tensors) {
+                       sendTo(contiguous(t), dstRank);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(
+      std::vector<at::Tensor>& tensors,
+      int srcRank,
+      int /* tag */) override {
+    checkCpu(tensors);
+    checkPeer(srcRank);
+    return enqueue(c10d::OpType::RECV, "ferroce:recv", tensors, c10d::kUnsetTimeout,
+                   [this, tensors, srcRank]() mutable {
+                     for (auto& t : tensors) {
+                       auto c = contiguous(t);
+                       recvFrom(c, srcRank);
+                       writeBack(t, c);
+                     }
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(
+      std::vector<at::Tensor>& /* tensors */,
+      int /* tag */) override {
+    C10_THROW_ERROR(
+        NotImplementedError,
+        "ferroce: recv from any source is not supported (ferroce-coll matches each receive "
+        "with one named sender); pass src");
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return enqueue(c10d::OpType::BARRIER, "ferroce:barrier", {}, opts.timeout,
+                   [this]() { call(api_->barrier(comm_, err_, sizeof err_)); });
+  }
+
+  // As gloo's: rank 0 hears from every other rank within the timeout, then answers each; a
+  // rank that does not arrive fails rank 0's call, naming it, and the others' with the error
+  // rank 0's failure sends them. Synchronous (torch calls it for no Work), after every
+  // operation queued before it.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool /* waitAllRanks */) override {
+    auto timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+    auto work = enqueue(c10d::OpType::BARRIER, "ferroce:monitored_barrier", {}, timeout,
+                        [this, timeout]() { monitoredBarrierNow(timeout); });
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      work->wait();
+    } else {
+      work->wait();
+    }
+  }
+
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    // Read by the worker at each operation (under the queue's lock).
+    std::lock_guard<std::mutex> lock(mutex_);
+    timeout_ = timeout;
+  }
+
+ private:
+  // -- the worker ----------------------------------------------------------------------------
+
+  struct Job {
+    c10::intrusive_ptr<FerroceWork> work;
+    std::chrono::milliseconds timeout;
+  };
+
+  c10::intrusive_ptr<c10d::Work> enqueue(
+      c10d::OpType type,
+      const char* title,
+      std::vector<at::Tensor> outputs,
+      std::chrono::milliseconds timeout,
+      std::function<void()> body) {
+    auto work =
+        c10::make_intrusive<FerroceWork>(rank_, type, title, std::move(outputs), std::move(body));
+    if (sync_) {
+      // FERROCE_TORCH_SYNC=1: in the caller, for comparison.
+      runJob(Job{work, timeout});
+      return work;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      TORCH_CHECK(!stop_, "ferroce: the process group is shut down");
+      queue_.push_back(Job{work, timeout});
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void run() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) {
+          return; // stopped, and everything queued ran
+        }
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      runJob(job);
+    }
+  }
+
+  void runJob(const Job& job) {
+    std::chrono::milliseconds group;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      group = timeout_;
+    }
+    // The call's timeout where it names one, else the group's.
+    auto t = job.timeout.count() > 0 ? job.timeout : group;
+    if (t.count() > 0) {
+      api_->set_timeout(comm_, std::chrono::duration<double>(t).count());
+    }
+    job.work->execute();
+  }
+
+  // -- calls into ferroce-coll (worker only) ---------------------------------------------
+
+  // Throws the error a call reported.
+  void call(int status) {
+    if (status == kOk) {
+      return;
+    }
+    std::string msg = std::string("ferroce: ") + err_;
+    switch (status) {
+      case kInvalid:
+        C10_THROW_ERROR(ValueError, msg);
+      case kTimeout:
+      case kPeer:
+        C10_THROW_ERROR(DistBackendError, msg);
+      default:
+        C10_THROW_ERROR(DistError, msg);
+    }
+  }
+
+  void allreduceOne(at::Tensor& t, uint32_t op) {
+    auto c = contiguous(t);
+    call(api_->allreduce(comm_, c.data_ptr(), c.nbytes(), dtypeCode(c), op, err_, sizeof err_));
+    writeBack(t, c);
+  }
+
+  void allgatherInto(const at::Tensor& in, at::Tensor& out) {
+    call(api_->allgather(comm_, in.data_ptr(), in.nbytes(), out.data_ptr(), out.nbytes(), err_,
+                         sizeof err_));
+  }
+
+  void reduceScatterInto(const at::Tensor& in, at::Tensor& out, uint32_t op) {
+    call(api_->reduce_scatter(comm_, in.data_ptr(), in.nbytes(), out.data_ptr(), out.nbytes(),
+                              dtypeCode(out), op, err_, sizeof err_));
+  }
+
+  void sendTo(const at::Tensor& t, int64_t peer) {
+    call(api_->sendrecv(comm_, t.data_ptr(), t.nbytes(), static_cast<size_t>(peer), nullptr, 0,
+                        kNone, err_, sizeof err_));
+  }
+
+  void recvFrom(at::Tensor& t, int64_t peer) {
+    call(api_->sendrecv(comm_, nullptr, 0, kNone, t.data_ptr(), t.nbytes(),
+                        static_cast<size_t>(peer), err_, sizeof err_));
+  }
+
+  // Block j of `send` to rank j, block i of `recv` from rank i (contiguous, any sizes the
+  // ranks agree on): pairwise, rank r sending to r + s while receiving from r - s at step s,
+  // which cannot deadlock. Empty blocks are skipped on both sides alike.
+  void exchangeBlocks(const std::vector<at::Tensor>& send, const std::vector<at::Tensor>& recv) {
+    int64_t n = size_, r = rank_;
+    auto mine = recv[r];
+    mine.copy_(send[r]);
+    for (int64_t step = 1; step < n; step++) {
+      int64_t to = (r + step) % n, from = (r - step + n) % n;
+      const auto& out = send[to];
+      auto into = recv[from];
+      bool s = out.numel() > 0, g = into.numel() > 0;
+      if (!s && !g) {
+        continue;
+      }
+      call(api_->sendrecv(comm_, s ? out.data_ptr() : nullptr, s ? out.nbytes() : 0,
+                          s ? static_cast<size_t>(to) : kNone, g ? into.data_ptr() : nullptr,
+                          g ? into.nbytes() : 0, g ? static_cast<size_t>(from) : kNone, err_,
+                          sizeof err_));
+    }
+  }
+
+  void monitoredBarrierNow(std::chrono::milliseconds timeout) {
+    auto one = at::zeros({1}, at::kByte);
+    std::string secs = std::to_string(std::chrono::duration<double>(timeout).count());
+    if (rank_ != 0) {
+      sendTo(one, 0);
+      try {
+        recvFrom(one, 0);
+      } catch (const std::exception& e) {
+        C10_THROW_ERROR(
+            DistBackendError,
+            "Rank " + std::to_string(rank_) +
+                " successfully reached monitoredBarrier, but received errors while waiting for "
+                "send/recv from rank 0: " + e.what());
+      }
+      return;
+    }
+    for (int64_t r = 1; r < size_; r++) {
+      try {
+        recvFrom(one, r);
+      } catch (const std::exception& e) {
+        // The communicator is broken after a failure (see ferroce-coll), so the ranks after
+        // this one cannot be told apart: the first is named.
+        C10_THROW_ERROR(
+            DistBackendError,
+            "Rank " + std::to_string(r) + " failed to pass monitoredBarrier in " + secs +
+                " s: " + e.what());
+      }
+    }
+    for (int64_t r = 1; r < size_; r++) {
+      sendTo(one, r);
+    }
+  }
+
+  // -- argument helpers (caller thread) ------------------------------------------------------
+
+  void checkRank(int64_t r, const char* what) const {
+    TORCH_CHECK_VALUE(r >= 0 && r < size_, "ferroce: ", what, " rank ", r, " of ", size_);
+  }
+
+  void checkPeer(int r) const {
+    checkRank(r, "peer");
+    TORCH_CHECK_VALUE(r != rank_, "ferroce: rank ", r, " cannot send to or receive from itself");
+  }
+
+  static std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) {
+    std::vector<at::Tensor> all;
+    for (const auto& l : lists) {
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  }
+
+  static at::Tensor flatten(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> flats;
+    for (const auto& t : ts) {
+      flats.push_back(t.reshape({-1}));
+    }
+    return at::cat(flats);
+  }
+
+  static void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& ts) {
+    int64_t at = 0;
+    for (auto& t : ts) {
+      int64_t n = t.numel();
+      t.copy_(flat.slice(0, at, at + n).view(t.sizes()));
+      at += n;
+    }
+  }
+
+  // The blocks of `t` (rows, as torch's split sizes count them) for each rank, as 1-D views.
+  std::vector<at::Tensor> blocks(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                 const char* what) const {
+    auto whole = t.reshape({-1});
+    int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+    int64_t perRow = rows > 0 ? whole.numel() / rows : 0;
+    std::vector<int64_t> s = splits;
+    if (s.empty()) {
+      TORCH_CHECK_VALUE(rows % size_ == 0, "all_to_all_single: ", rows, " rows of the ", what,
+                        " do not split into ", size_, " equal blocks");
+      s.assign(size_, rows / size_);
+    }
+    int64_t sum = 0;
+    for (auto k : s) {
+      TORCH_CHECK_VALUE(k >= 0, "all_to_all_single: a negative split size");
+      sum += k;
+    }
+    TORCH_CHECK_VALUE(static_cast<int64_t>(s.size()) == size_ && sum == rows,
+                      "all_to_all_single: the ", what, "'s split sizes do not cover its ", rows,
+                      " rows in ", size_, " blocks");
+    std::vector<at::Tensor> out;
+    int64_t at = 0;
+    for (auto k : s) {
+      out.push_back(whole.slice(0, at * perRow, (at + k) * perRow));
+      at += k;
+    }
+    return out;
+  }
+
+  // A copy of the table: the capsule that held it is gone once the constructor returns.
+  CollApi table_;
+  const CollApi* api_;
+  Comm* comm_;
+  std::chrono::milliseconds timeout_;
+  bool sync_ = false;
+  // The last error's message (worker only).
+  char err_[1024] = {0};
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+// Makes the backend from the Communicator Python connected (which it takes over) and the
+// Rust extension's capsule of functions.
+c10::intrusive_ptr<c10d::Backend> createBackend(
+    pybind11::object communicator,
+    pybind11::object capsule,
+    int rank,
+    int size,
+    double timeoutSeconds) {
+  auto* api = static_cast<const CollApi*>(PyCapsule_GetPointer(capsule.ptr(), kApiCapsule));
+  if (api == nullptr) {
+    throw pybind11::error_already_set();
+  }
+  TORCH_CHECK(
+      api->version == kApiVersion && api->size == sizeof(CollApi),
+      "ferroce: the torch backend and the _ferroce extension come from different builds "
+      "(reinstall the package)");
+  char err[512] = {0};
+  Comm* comm = api->take(communicator.ptr(), err, sizeof err);
+  TORCH_CHECK(comm != nullptr, "ferroce: ", err);
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
+  return c10::make_intrusive<ProcessGroupFerroce>(*api, comm, rank, size, timeout);
+}
+
+} // namespace ferroce
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "ferroce's c10d Backend (built by ferroce.torch against the installed torch)";
+  // Registered as a subclass of torch's Backend, so the objects torch hands out are of this
+  // type (pybind11 finds the most derived registered type).
+  pybind11::class_<
+      ferroce::ProcessGroupFerroce,
+      c10d::Backend,
+      c10::intrusive_ptr<ferroce::ProcessGroupFerroce>>(m, "ProcessGroupFerroce");
+  m.def("create_backend", &ferroce::createBackend, pybind11::arg("communicator"),
+        pybind11::arg("api"), pybind11::arg("rank"), pybind11::arg("size"),
+        pybind11::arg("timeout_seconds"));
+}
