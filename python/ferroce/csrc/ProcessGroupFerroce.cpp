@@ -21,6 +21,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -160,8 +161,7 @@ class FerroceWork : public c10d::Work {
         future_(c10::make_intrusive<at::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
 
-  // Runs the operation on the worker; then its future completes (its callbacks run here, as
-  // gloo's do), then the Work (waiters return).
+  // Runs the operation on the worker, then completes.
   void execute() {
     std::exception_ptr error;
     try {
@@ -169,6 +169,12 @@ class FerroceWork : public c10d::Work {
     } catch (...) {
       error = std::current_exception();
     }
+    complete(error);
+  }
+
+  // Its future completes (its callbacks run in this thread, as gloo's do), then the Work
+  // (waiters return).
+  void complete(std::exception_ptr error) {
     body_ = nullptr; // the inputs it held
     if (error) {
       future_->setError(error);
@@ -646,6 +652,9 @@ class ProcessGroupFerroce : public c10d::Backend {
       int /* tag */) override {
     checkCpu(tensors);
     checkPeer(dstRank);
+    if (coalescing_) {
+      return batched(P2p::kSend, tensors, dstRank);
+    }
     return enqueue(c10d::OpType::SEND, "ferroce:send", {}, c10d::kUnsetTimeout,
                    [this, tensors, dstRank]() {
                      for (const auto& t : tensors) {
@@ -660,6 +669,9 @@ class ProcessGroupFerroce : public c10d::Backend {
       int /* tag */) override {
     checkCpu(tensors);
     checkPeer(srcRank);
+    if (coalescing_) {
+      return batched(P2p::kRecv, tensors, srcRank);
+    }
     return enqueue(c10d::OpType::RECV, "ferroce:recv", tensors, c10d::kUnsetTimeout,
                    [this, tensors, srcRank]() mutable {
                      for (auto& t : tensors) {
@@ -677,6 +689,38 @@ class ProcessGroupFerroce : public c10d::Backend {
         NotImplementedError,
         "ferroce: recv from any source is not supported (ferroce-coll matches each receive "
         "with one named sender); pass src");
+  }
+
+  // -- coalescing (batch_isend_irecv) ------------------------------------------------------
+
+  // torch's batch_isend_irecv issues its sends and receives between these two calls, and any
+  // order of them must not deadlock (gloo's are truly asynchronous). ferroce-coll's send and
+  // receive each wait for the peer's matching call, so the batch is run as a whole (`runBatch`).
+  bool supportsCoalescing() const override {
+    return true;
+  }
+
+  void startCoalescing() override {
+    TORCH_CHECK(!coalescing_, "ferroce: coalescing already started");
+    coalescing_ = true;
+    batch_.clear();
+  }
+
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    TORCH_CHECK(coalescing_, "ferroce: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    std::vector<P2p> ops;
+    ops.swap(batch_);
+    std::vector<at::Tensor> outputs;
+    for (const auto& op : ops) {
+      if (op.kind == P2p::kRecv) {
+        outputs.push_back(op.tensor);
+      }
+    }
+    // Queued even when empty: torch waits on this Work for what the batch's collectives
+    // queued before it (its coalescing manager calls e.g. allreduce_coalesced first).
+    return enqueue(c10d::OpType::COALESCED, "ferroce:coalesced", outputs, c10d::kUnsetTimeout,
+                   [this, ops]() mutable { runBatch(ops); });
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
@@ -764,6 +808,87 @@ class ProcessGroupFerroce : public c10d::Backend {
       api_->set_timeout(comm_, std::chrono::duration<double>(t).count());
     }
     job.work->execute();
+  }
+
+  // -- batches of sends and receives ----------------------------------------------------------
+
+  // A send or receive of one tensor, and the Work its caller got.
+  struct P2p {
+    enum Kind { kSend, kRecv } kind;
+    at::Tensor tensor;
+    int64_t peer;
+    c10::intrusive_ptr<FerroceWork> work;
+  };
+
+  c10::intrusive_ptr<c10d::Work> batched(
+      P2p::Kind kind,
+      const std::vector<at::Tensor>& tensors,
+      int peer) {
+    auto work = c10::make_intrusive<FerroceWork>(
+        rank_, kind == P2p::kSend ? c10d::OpType::SEND : c10d::OpType::RECV,
+        kind == P2p::kSend ? "ferroce:send" : "ferroce:recv",
+        kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, [] {});
+    for (const auto& t : tensors) {
+      batch_.push_back(P2p{kind, t, peer, work});
+    }
+    if (tensors.empty()) {
+      batch_.push_back(P2p{kind, at::Tensor(), peer, work});
+    }
+    return work;
+  }
+
+  // Runs a batch without deadlock whatever order each rank listed it in: with each peer, the
+  // i-th send and the i-th receive move at once (one sendrecv; the peer pairs the same two,
+  // since its i-th receive from us is our i-th send), and the peers are taken in increasing
+  // rank order. That order is every pair's place in one global order (pairs (a, b), a < b,
+  // sorted), which each rank follows, so the first unfinished exchange always has both ranks
+  // at it. Sends (or receives) to one peer keep their order, as torch requires. Every Work of
+  // the batch completes with the batch.
+  void runBatch(std::vector<P2p>& ops) {
+    std::exception_ptr error;
+    try {
+      std::vector<int64_t> peers;
+      for (const auto& op : ops) {
+        peers.push_back(op.peer);
+      }
+      std::sort(peers.begin(), peers.end());
+      peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+      for (int64_t p : peers) {
+        std::vector<P2p*> sends, recvs;
+        for (auto& op : ops) {
+          if (op.peer == p && op.tensor.defined()) {
+            (op.kind == P2p::kSend ? sends : recvs).push_back(&op);
+          }
+        }
+        for (size_t i = 0; i < std::max(sends.size(), recvs.size()); i++) {
+          at::Tensor out = i < sends.size() ? contiguous(sends[i]->tensor) : at::Tensor();
+          at::Tensor in = i < recvs.size() ? contiguous(recvs[i]->tensor) : at::Tensor();
+          bool s = out.defined() && out.numel() > 0, g = in.defined() && in.numel() > 0;
+          if (s || g) {
+            call(api_->sendrecv(comm_, s ? out.data_ptr() : nullptr, s ? out.nbytes() : 0,
+                                s ? static_cast<size_t>(p) : kNone,
+                                g ? in.data_ptr() : nullptr, g ? in.nbytes() : 0,
+                                g ? static_cast<size_t>(p) : kNone, err_, sizeof err_));
+          }
+          if (in.defined()) {
+            writeBack(recvs[i]->tensor, in);
+          }
+        }
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Each Work once (a Work of several tensors has several entries).
+    std::vector<FerroceWork*> done;
+    for (auto& op : ops) {
+      if (std::find(done.begin(), done.end(), op.work.get()) == done.end()) {
+        done.push_back(op.work.get());
+        op.work->complete(error);
+      }
+    }
+    if (error) {
+      std::rethrow_exception(error);
+    }
   }
 
   // -- calls into ferroce-coll (worker only) ---------------------------------------------
@@ -939,6 +1064,10 @@ class ProcessGroupFerroce : public c10d::Backend {
   bool sync_ = false;
   // The last error's message (worker only).
   char err_[1024] = {0};
+
+  // Between startCoalescing and endCoalescing (caller thread): the sends and receives held.
+  bool coalescing_ = false;
+  std::vector<P2p> batch_;
 
   std::mutex mutex_;
   std::condition_variable cv_;
