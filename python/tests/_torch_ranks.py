@@ -489,3 +489,48 @@ def asynchronous(rank, size, port, results):
     except Exception as err:
         bad.append(f"{type(err).__name__}: {err}")
     results.put((rank, bad))
+
+
+def dead_rank(rank, size, port, results):
+    """A rank that dies after joining: the others' next collective fails within the group's
+    timeout with torch's DistBackendError naming it, and a wait() on queued work raises it."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import ferroce.torch  # noqa: F401
+
+    bad = []
+    try:
+        dist.init_process_group("ferroce", rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=3))
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        if rank == size - 1:
+            results.put((rank, bad))
+            results.close()
+            results.join_thread()  # the result is out before the process is gone
+            os._exit(0)  # gone without a word: no destroy, no exit handlers
+        start = time.monotonic()
+        work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+        try:
+            work.wait()
+            bad.append("an all_reduce with a dead rank succeeded")
+        except dist.DistBackendError as e:
+            took = time.monotonic() - start
+            if took > 30:
+                bad.append(f"the failure took {took:.1f} s with a 3 s timeout")
+            if "ferroce" not in str(e):
+                bad.append(f"the error does not say where it came from: {e}")
+        if not work.is_completed():
+            bad.append("the failed Work is not completed")
+    except Exception as err:
+        bad.append(f"{type(err).__name__}: {err}")
+    results.put((rank, bad))
+    results.close()
+    results.join_thread()
+    os._exit(0)  # the group is broken; torch's exit handlers would wait on it

@@ -60,6 +60,11 @@ def test_reduce_gather_scatter_coalesced_uneven_and_monitored(size):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
 
+def test_a_dead_rank_fails_the_others_collective_within_the_timeout():
+    for rank, bad in run_ranks(_torch_ranks.dead_rank, 3):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
 def test_operations_are_queued_and_return_their_work_at_once():
     for rank, bad in run_ranks(_torch_ranks.asynchronous, 2):
         assert bad == [], f"rank {rank}: {bad}"
