@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -733,7 +734,12 @@ class ProcessGroupFerroce : public c10d::Backend {
   // rank 0's failure sends them. Synchronous (torch calls it for no Work), after every
   // operation queued before it.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool /* waitAllRanks */) override {
-    auto timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+    // Unset (negative): the group's; zero: none at all (rank 0 times out at once, as gloo's).
+    std::chrono::milliseconds timeout;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      timeout = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
+    }
     auto work = enqueue(c10d::OpType::BARRIER, "ferroce:monitored_barrier", {}, timeout,
                         [this, timeout]() { monitoredBarrierNow(timeout); });
     if (PyGILState_Check()) {
@@ -742,6 +748,15 @@ class ProcessGroupFerroce : public c10d::Backend {
     } else {
       work->wait();
     }
+  }
+
+  // A count of the operations called, as gloo keeps one (torch checks groups agree on it).
+  void setSequenceNumberForGroup() override {
+    seq_ = 0;
+  }
+
+  uint64_t getSequenceNumberForGroup() override {
+    return seq_;
   }
 
   void setTimeout(std::chrono::milliseconds timeout) override {
@@ -766,6 +781,7 @@ class ProcessGroupFerroce : public c10d::Backend {
       std::function<void()> body) {
     auto work =
         c10::make_intrusive<FerroceWork>(rank_, type, title, std::move(outputs), std::move(body));
+    seq_++;
     if (sync_) {
       // FERROCE_TORCH_SYNC=1: in the caller, for comparison.
       runJob(Job{work, timeout});
@@ -903,6 +919,9 @@ class ProcessGroupFerroce : public c10d::Backend {
       case kInvalid:
         C10_THROW_ERROR(ValueError, msg);
       case kTimeout:
+        // torch's tests (and users' handlers) look for " Timed out " in the message, as
+        // gloo's timeouts say.
+        C10_THROW_ERROR(DistBackendError, std::string("ferroce: Timed out (") + err_ + ")");
       case kPeer:
         C10_THROW_ERROR(DistBackendError, msg);
       default:
@@ -960,7 +979,8 @@ class ProcessGroupFerroce : public c10d::Backend {
 
   void monitoredBarrierNow(std::chrono::milliseconds timeout) {
     auto one = at::zeros({1}, at::kByte);
-    std::string secs = std::to_string(std::chrono::duration<double>(timeout).count());
+    std::string ms = std::to_string(timeout.count()) + " ms";
+    auto deadline = std::chrono::steady_clock::now() + timeout;
     if (rank_ != 0) {
       sendTo(one, 0);
       try {
@@ -975,6 +995,16 @@ class ProcessGroupFerroce : public c10d::Backend {
       return;
     }
     for (int64_t r = 1; r < size_; r++) {
+      // What is left of the call's time bounds each rank's turn, as in gloo's.
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        C10_THROW_ERROR(
+            DistBackendError,
+            "Rank 0 timed out in monitoredBarrier after " + ms + " (rank " +
+                std::to_string(r) + " not heard from yet)");
+      }
+      api_->set_timeout(comm_, std::chrono::duration<double>(left).count());
       try {
         recvFrom(one, r);
       } catch (const std::exception& e) {
@@ -982,8 +1012,8 @@ class ProcessGroupFerroce : public c10d::Backend {
         // this one cannot be told apart: the first is named.
         C10_THROW_ERROR(
             DistBackendError,
-            "Rank " + std::to_string(r) + " failed to pass monitoredBarrier in " + secs +
-                " s: " + e.what());
+            "Rank " + std::to_string(r) + " failed to pass monitoredBarrier in " + ms + ": " +
+                e.what());
       }
     }
     for (int64_t r = 1; r < size_; r++) {
@@ -1068,6 +1098,7 @@ class ProcessGroupFerroce : public c10d::Backend {
   // Between startCoalescing and endCoalescing (caller thread): the sends and receives held.
   bool coalescing_ = false;
   std::vector<P2p> batch_;
+  std::atomic<uint64_t> seq_{0};
 
   std::mutex mutex_;
   std::condition_variable cv_;
