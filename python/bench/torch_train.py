@@ -103,6 +103,8 @@ def run_once(args, setup, mode, backend):
     if setup == "hosts":
         size, master = 2, ADDR_A
         prefixes = [["ip", "netns", "exec", A], ["ip", "netns", "exec", B]]
+        # gloo picks its interface from the host name, which resolves to loopback here.
+        env["GLOO_SOCKET_IFNAME"] = "veth0"
     else:
         size, master = int(setup), "127.0.0.1"
         prefixes = [[] for _ in range(size)]

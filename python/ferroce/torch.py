@@ -14,14 +14,18 @@ directly (``is_completed()``, ``wait(timeout)``, ``exception()``), where its wra
 Python Work forwards only ``wait`` and ``get_future``. The collectives are ferroce-coll's,
 called from C++ through the Rust extension's table of C functions (``_ferroce._coll_api()``).
 
-Every c10d operation on CPU tensors: all_reduce (and coalesced), broadcast, reduce,
-all_gather, all_gather_into_tensor (and coalesced), all_gather_coalesced, gather, scatter,
-reduce_scatter, reduce_scatter_tensor (and coalesced), all_to_all_single (even and uneven
-splits), all_to_all, send, recv, barrier and monitored_barrier, with SUM, PRODUCT, MIN, MAX and
-AVG on float32, float64, float16, bfloat16, int32, int64 and uint8 (reductions; the others move
-any dtype). Not supported, with an error that says so: recv from any source, and other
-reductions (bitwise, PREMUL_SUM). Tensors of any layout work (a non-contiguous one goes through
-a contiguous copy, copied back where the operation writes it).
+The c10d operations gloo has, on dense CPU tensors: all_reduce (and coalesced), broadcast,
+reduce, all_gather, all_gather_into_tensor (and coalesced), all_gather_coalesced, gather,
+scatter, reduce_scatter, reduce_scatter_tensor (and coalesced), all_to_all_single (even and
+uneven splits), all_to_all, send, recv, batch_isend_irecv (c10d coalescing), barrier and
+monitored_barrier, with SUM, PRODUCT, MIN, MAX and AVG on float32, float64, float16, bfloat16,
+int32, int64 and uint8 (reductions; the others move any dtype). Refused with an error that
+says so: recv from any source, sparse tensors and other reductions (bitwise, PREMUL_SUM).
+Not done: split_group, tags (ignored: sends and receives between two ranks match in order),
+and plain isend/irecv both ways between two ranks with more than ferroce-coll's slots (4 MiB)
+in flight each way, which waits for the timeout (batch_isend_irecv runs such an exchange
+pairwise). Strided tensors of any shape and strides work (a non-contiguous one goes through a
+contiguous copy, copied back where the operation writes it).
 
 Each operation is queued to the group's worker thread and returns its ``Work`` at once:
 ``wait()`` blocks until it ran and raises its error, ``get_future()`` completes with its result

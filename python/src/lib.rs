@@ -15,8 +15,11 @@
 //! strided tensor: a use-after-free that sent heap contents to a peer), and let any Python code
 //! have the extension read or write anywhere. Now no caller can name memory it does not hold,
 //! a buffer is checked against what its exporter reports, and an input that overlaps the output
-//! is refused. The collective methods keep a leading underscore: `ferroce.collectives` and
-//! `ferroce.torch` are the public faces (element types, tensors), these are theirs.
+//! is refused. The one exception is the `capi` module's table of C functions for the package's
+//! C++ torch backend, which takes addresses from C++ (tensors it holds); Python code could
+//! reach it only through ctypes, which can already write anywhere. The collective methods keep
+//! a leading underscore: `ferroce.collectives` and `ferroce.torch` are the public faces
+//! (element types, tensors), these are theirs.
 
 mod buffer;
 mod capi;

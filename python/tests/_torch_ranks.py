@@ -416,8 +416,10 @@ def more_ops(rank, size, port, results):
 
 def asynchronous(rank, size, port, results):
     """Operations queued to the group's worker: an async all_reduce returns before a late rank
-    joins it, several queued ones run in order, an error surfaces from wait(), and DDP with
-    torch's allreduce comm hook (get_future) trains to the same weights on every rank."""
+    joins it (not completed, then completed after wait()), several queued ones run in order, a
+    bad dtype is refused at the call, and DDP with torch's allreduce comm hook (get_future) and
+    with its PowerSGD hook (collectives started and waited for inside future callbacks) trains
+    to the same weights on every rank."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     import time
@@ -485,6 +487,28 @@ def asynchronous(rank, size, port, results):
         dist.all_gather(every, w)
         if not all(torch.equal(every[0], e) for e in every):
             bad.append("DDP with the allreduce comm hook: weights differ between ranks")
+
+        # PowerSGD's hook starts all_reduces inside its futures' callbacks and waits for them
+        # there: that must not wait on the worker that completes the callbacks' futures.
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+        torch.manual_seed(8)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 2))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                       start_powerSGD_iter=2, min_compression_rate=0.5)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(torch.randn(8, 16, generator=g)),
+                                         torch.randn(8, 2, generator=g)).backward()
+            opt.step()
+        w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        dist.all_gather(every := [torch.empty_like(w) for _ in range(size)], w)
+        if not all(torch.equal(every[0], e) for e in every):
+            bad.append("DDP with PowerSGD: weights differ between ranks")
         dist.destroy_process_group()
     except Exception as err:
         bad.append(f"{type(err).__name__}: {err}")

@@ -198,40 +198,47 @@ def test_send_of_a_64_mib_column_under_torchrun():
     assert "rank 1 received the column: 0 wrong values" in run.stdout, out
 
 
-# torch's own distributed suite (python/suite/torch_distributed_suite.py runs all of it): the
-# tests of the operations ferroce implements, on ferroce in gloo's place, 3 ranks. Each must
-# run and pass; none of these is skipped for gloo on a CPU-only machine.
-SUITE_SUBSET = [
-    "test_all_reduce_sum",
-    "test_all_reduce_sum_async",
-    "test_all_reduce_coalesced_sum",
-    "test_reduce_sum",
-    "test_reduce_full_group_max",
-    "test_broadcast",
-    "test_gather",
-    "test_scatter",
-    "test_all_gather",
-    "test_all_gather_coalesced_simple",
-    "test_send_recv",
-    "test_barrier",
-    "test_get_future",
-    "test_monitored_barrier_gloo",
-]
+# torch's own distributed suite (python/suite/torch_distributed_suite.py), whole, on ferroce in
+# gloo's place and on gloo itself, 3 ranks each. Every test gloo passes must pass on ferroce,
+# but these, each for the reason given (the README's torch section lists them too).
+SUITE_EXPLAINED = {
+    "test_get_backend": "the harness makes the groups the suite asks gloo for on ferroce, and "
+                        "the test checks that get_backend() names the backend it asked for",
+    "test_ddp_logging_data_cpu": "DDP's logger names a third-party backend 'custom' (torch's "
+                                 "ProcessGroup says so), where the test expects get_backend()",
+    "test_send_recv_any_source": "recv from any source is not supported (NotImplementedError)",
+    "test_send_recv_any_source_autograd_profiler": "recv from any source, as above",
+    "test_send_recv_any_source_torch_profiler": "recv from any source, as above",
+    "test_sparse_all_reduce_sum": "sparse tensors are not supported (ValueError)",
+}
 
 
-def test_a_subset_of_torchs_own_distributed_suite():
+def run_suite(backend):
+    """Runs the whole suite on ``backend`` (ranks forked: ~2 min; spawned, as torch's own
+    test_distributed_spawn.py does, it takes an hour here); returns (tests run, skipped, the
+    names of the tests that failed or erred, the output)."""
     import re
     import subprocess
 
-    require_module("expecttest", "scripts/test-python.sh installs it (torch's test utilities)")
     suite = os.path.join(os.path.dirname(__file__), "..", "suite", "torch_distributed_suite.py")
-    args = []
-    for name in SUITE_SUBSET:
-        args += ["-k", f"*.TestDistBackendWithSpawn.{name}"]  # exactly that test
-    run = subprocess.run([sys.executable, suite, *args], capture_output=True, text=True,
-                         timeout=1200, env={**os.environ, "SUITE_BACKEND": "ferroce"})
+    run = subprocess.run(
+        [sys.executable, suite], capture_output=True, text=True, timeout=1500,
+        env={**os.environ, "SUITE_BACKEND": backend, "SUITE_START": "fork",
+             "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "60"})
     out = run.stdout + run.stderr
-    m = re.search(r"Ran (\d+) tests?", out)
-    assert m and int(m.group(1)) == len(SUITE_SUBSET), out[-3000:]
-    assert run.returncode == 0 and "skipped" not in out.split("Ran ")[-1], out[-3000:]
+    ran = re.search(r"^Ran (\d+) tests?", out, re.M)
+    assert ran, out[-3000:]
+    skipped = re.search(r"skipped=(\d+)", out.split("\nRan ")[-1])
+    failed = set(re.findall(r"^(?:ERROR|FAIL): (test_\w+) ", out, re.M))
+    assert (run.returncode == 0) == (not failed), out[-3000:]
+    return int(ran.group(1)), int(skipped.group(1)) if skipped else 0, failed, out
 
+
+def test_torchs_own_distributed_suite_passes_on_ferroce_as_on_gloo():
+    require_module("expecttest", "scripts/test-python.sh installs it (torch's test utilities)")
+    g_ran, g_skipped, g_failed, g_out = run_suite("gloo")
+    f_ran, f_skipped, f_failed, f_out = run_suite("ferroce")
+    assert g_ran == f_ran and g_skipped == f_skipped, (g_ran, g_skipped, f_ran, f_skipped)
+    assert g_ran - g_skipped >= 80, f"only {g_ran - g_skipped} of gloo's tests ran"
+    unexplained = f_failed - g_failed - set(SUITE_EXPLAINED)
+    assert not unexplained, f"failed on ferroce, not on gloo: {sorted(unexplained)}\n" + f_out[-4000:]

@@ -10,8 +10,10 @@
 // and hands this backend a Communicator, which it takes over.
 //
 // Threads: each backend runs its operations one at a time on a worker thread of its own, in
-// the order they were called, as gloo's and NCCL's work queues do; a call checks its
-// arguments, queues the operation and returns its Work. The communicator is used by the
+// the order they were called (gloo's queue feeds two threads; ferroce-coll's communicator runs
+// one collective at a time); a call checks its arguments, queues the operation and returns its
+// Work. Futures complete on other threads (`Completer`), so their callbacks may start and wait
+// for collectives of their own. The communicator is used by the
 // worker alone (ferroce-coll's communicator is not shared between threads). Each queued
 // operation holds the tensors it reads and writes (at::Tensor references) until it ran, so
 // the addresses it hands ferroce-coll stay valid: no address passes through Python.
@@ -115,8 +117,8 @@ void checkCpu(const at::Tensor& t) {
   if (!t.device().is_cpu()) {
     C10_THROW_ERROR(ValueError, "the ferroce backend takes CPU tensors, not " + t.device().str());
   }
-  if (t.is_sparse()) {
-    C10_THROW_ERROR(ValueError, "the ferroce backend takes dense tensors");
+  if (t.layout() != at::kStrided) {
+    C10_THROW_ERROR(ValueError, "the ferroce backend takes dense (strided) tensors");
   }
 }
 
@@ -146,6 +148,92 @@ at::Tensor apart(const at::Tensor& in, const at::Tensor& out) {
   return same ? in.clone(at::MemoryFormat::Contiguous) : contiguous(in);
 }
 
+// ---- completing futures --------------------------------------------------------------------
+
+// Where futures complete, so that their callbacks never run on the worker. A callback may
+// start a collective and wait for it (torch's PowerSGD DDP hook does): on the worker it would
+// wait for a job queued behind itself. It may also wait on another future this pool completes,
+// so a completion that finds every thread busy gets a new thread (a handful at most in
+// practice: one per level of such nesting).
+class Completer {
+ public:
+  ~Completer() {
+    {
+      std::lock_guard<std::mutex> lock(st_->mutex);
+      st_->stop = true;
+    }
+    st_->cv.notify_all();
+    // Its threads may be in Python callbacks that need the GIL: waited for without it. The
+    // last reference may drop in one of those callbacks: that thread is let go, not joined
+    // (it holds the state it runs on, and ends by itself).
+    auto join = [this] {
+      for (auto& t : st_->threads) {
+        if (t.get_id() == std::this_thread::get_id()) {
+          t.detach();
+        } else if (t.joinable()) {
+          t.join();
+        }
+      }
+    };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      join();
+    } else {
+      join();
+    }
+  }
+
+  void post(std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(st_->mutex);
+    st_->queue.push_back(std::move(f));
+    if (st_->idle == 0) {
+      auto st = st_;
+      st_->threads.emplace_back([st] { loop(st); });
+    } else {
+      st_->cv.notify_one();
+    }
+  }
+
+  // Whether the calling thread is one of a Completer's (then a Work's wait must not wait for
+  // its future: the caller may be the one to complete it).
+  static bool onCompletionThread() {
+    return inside_;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    std::vector<std::thread> threads;
+    size_t idle = 0;
+    bool stop = false;
+  };
+
+  static void loop(std::shared_ptr<State> st) {
+    inside_ = true;
+    std::unique_lock<std::mutex> lock(st->mutex);
+    for (;;) {
+      st->idle++;
+      st->cv.wait(lock, [&] { return st->stop || !st->queue.empty(); });
+      st->idle--;
+      if (st->queue.empty()) {
+        return; // stopped, and everything posted ran
+      }
+      auto f = std::move(st->queue.front());
+      st->queue.pop_front();
+      lock.unlock();
+      f();
+      lock.lock();
+    }
+  }
+
+  static thread_local bool inside_;
+  std::shared_ptr<State> st_ = std::make_shared<State>();
+};
+
+thread_local bool Completer::inside_ = false;
+
 // ---- Work --------------------------------------------------------------------------------
 
 class FerroceWork : public c10d::Work {
@@ -155,10 +243,12 @@ class FerroceWork : public c10d::Work {
       c10d::OpType type,
       const char* title,
       std::vector<at::Tensor> outputs,
-      std::function<void()> body)
+      std::function<void()> body,
+      std::shared_ptr<Completer> completer)
       : Work(rank, type, title),
         outputs_(std::move(outputs)),
         body_(std::move(body)),
+        completer_(std::move(completer)),
         future_(c10::make_intrusive<at::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
 
@@ -173,16 +263,31 @@ class FerroceWork : public c10d::Work {
     complete(error);
   }
 
-  // Its future completes (its callbacks run in this thread, as gloo's do), then the Work
-  // (waiters return).
+  // The Work completes here; its future on the Completer (see there), whose callbacks may
+  // start collectives of their own.
   void complete(std::exception_ptr error) {
     body_ = nullptr; // the inputs it held
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
-    }
     finish(error);
+    auto future = future_;
+    auto outputs = outputs_;
+    completer_->post([future, outputs, error]() {
+      if (error) {
+        future->setError(error);
+      } else {
+        future->markCompleted(c10::IValue(outputs));
+      }
+    });
+  }
+
+  // As gloo's: returns once the operation ran and its future completed (its callbacks ran),
+  // and raises the operation's error. In a callback of a future (on the Completer) only the
+  // operation is waited for: the future may be the caller's own to complete.
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool done = Work::wait(timeout);
+    if (!Completer::onCompletionThread()) {
+      future_->wait();
+    }
+    return done;
   }
 
   std::vector<at::Tensor> result() override {
@@ -196,6 +301,7 @@ class FerroceWork : public c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   std::function<void()> body_;
+  std::shared_ptr<Completer> completer_;
   c10::intrusive_ptr<at::ivalue::Future> future_;
 };
 
@@ -223,16 +329,26 @@ class ProcessGroupFerroce : public c10d::Backend {
       stop_ = true;
     }
     cv_.notify_all();
-    if (worker_.joinable()) {
-      // The worker may be completing a future whose Python callback needs the GIL.
-      if (PyGILState_Check()) {
-        pybind11::gil_scoped_release release;
-        worker_.join();
-      } else {
-        worker_.join();
+    // The worker may be in a call that takes seconds, and the Completer's threads in Python
+    // callbacks that need the GIL: both are waited for without it. The last reference can
+    // drop on the worker itself (a queued job held it): that thread is let go, not joined.
+    auto drain = [this] {
+      if (worker_.joinable()) {
+        if (worker_.get_id() == std::this_thread::get_id()) {
+          worker_.detach();
+        } else {
+          worker_.join();
+        }
       }
+      completer_.reset();
+      api_->free(comm_);
+    };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      drain();
+    } else {
+      drain();
     }
-    api_->free(comm_);
   }
 
   const std::string getBackendName() const override {
@@ -339,8 +455,8 @@ class ProcessGroupFerroce : public c10d::Backend {
           "all_gather: ", outputs[i].size(), " output tensors for ", size_, " ranks");
       for (const auto& o : outputs[i]) {
         TORCH_CHECK_VALUE(
-            o.numel() == inputs[i].numel() && o.scalar_type() == inputs[i].scalar_type(),
-            "all_gather: an output tensor differs from the input in size or dtype");
+            o.sizes() == inputs[i].sizes() && o.scalar_type() == inputs[i].scalar_type(),
+            "all_gather: an output tensor differs from the input in shape or dtype");
       }
     }
     return enqueue(c10d::OpType::ALLGATHER, "ferroce:all_gather", flat(outputs), opts.timeout,
@@ -384,8 +500,10 @@ class ProcessGroupFerroce : public c10d::Backend {
     checkCpu(inputs);
     TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "one output per input");
     for (size_t i = 0; i < inputs.size(); i++) {
-      TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_,
-                        "all_gather_into_tensor: the output must hold ", size_, " inputs");
+      TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_ &&
+                            outputs[i].scalar_type() == inputs[i].scalar_type(),
+                        "all_gather_into_tensor: the output must hold ", size_,
+                        " inputs of its dtype");
     }
     return enqueue(c10d::OpType::COALESCED, "ferroce:all_gather_into_tensor_coalesced", outputs,
                    opts.timeout, [this, outputs, inputs]() mutable {
@@ -571,8 +689,10 @@ class ProcessGroupFerroce : public c10d::Backend {
     TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "one input per output");
     for (size_t i = 0; i < outputs.size(); i++) {
       dtypeCode(outputs[i]);
-      TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_,
-                        "reduce_scatter_tensor: the input must hold ", size_, " outputs");
+      TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_ &&
+                            inputs[i].scalar_type() == outputs[i].scalar_type(),
+                        "reduce_scatter_tensor: the input must hold ", size_,
+                        " outputs of its dtype");
     }
     return enqueue(c10d::OpType::COALESCED, "ferroce:reduce_scatter_tensor_coalesced", outputs,
                    opts.timeout, [this, outputs, inputs, op]() mutable {
@@ -626,12 +746,27 @@ class ProcessGroupFerroce : public c10d::Backend {
     TORCH_CHECK_VALUE(
         outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
         "all_to_all: one input and one output tensor per rank");
+    for (size_t i = 0; i < inputs.size(); i++) {
+      TORCH_CHECK_VALUE(inputs[i].scalar_type() == inputs[0].scalar_type() &&
+                            outputs[i].scalar_type() == inputs[0].scalar_type(),
+                        "all_to_all: tensors of one dtype");
+    }
+    TORCH_CHECK_VALUE(inputs[rank_].numel() == outputs[rank_].numel(),
+                      "all_to_all: this rank's own input and output blocks differ in size");
     return enqueue(c10d::OpType::ALLTOALL, "ferroce:all_to_all", outputs, opts.timeout,
                    [this, outputs, inputs]() mutable {
                      // Pairwise, any sizes the ranks agree on.
                      std::vector<at::Tensor> send, recv;
+                     // An input that shares memory with an output (in place) is copied
+                     // first: a later step would send what an earlier one received into it.
                      for (auto& t : inputs) {
-                       send.push_back(contiguous(t).reshape({-1}));
+                       bool shared = false;
+                       for (auto& o : outputs) {
+                         shared = shared || (t.numel() > 0 && o.numel() > 0 &&
+                                             t.storage().is_alias_of(o.storage()));
+                       }
+                       send.push_back((shared ? t.clone(at::MemoryFormat::Contiguous)
+                                              : contiguous(t)).reshape({-1}));
                      }
                      std::vector<at::Tensor> recvWhole;
                      for (auto& t : outputs) {
@@ -695,14 +830,16 @@ class ProcessGroupFerroce : public c10d::Backend {
   // -- coalescing (batch_isend_irecv) ------------------------------------------------------
 
   // torch's batch_isend_irecv issues its sends and receives between these two calls, and any
-  // order of them must not deadlock (gloo's are truly asynchronous). ferroce-coll's send and
-  // receive each wait for the peer's matching call, so the batch is run as a whole (`runBatch`).
+  // order of them must not deadlock (gloo's are truly asynchronous). A ferroce-coll send
+  // waits for the peer's receive once the peer's slots are full (4 MiB by default), and a
+  // receive for the peer's send, so the batch is run as a whole (`runBatch`).
   bool supportsCoalescing() const override {
     return true;
   }
 
   void startCoalescing() override {
-    TORCH_CHECK(!coalescing_, "ferroce: coalescing already started");
+    // A batch left open by an exception inside torch's coalescing manager is dropped (its
+    // Works never ran); torch's own state for it is gone too.
     coalescing_ = true;
     batch_.clear();
   }
@@ -780,7 +917,8 @@ class ProcessGroupFerroce : public c10d::Backend {
       std::chrono::milliseconds timeout,
       std::function<void()> body) {
     auto work =
-        c10::make_intrusive<FerroceWork>(rank_, type, title, std::move(outputs), std::move(body));
+        c10::make_intrusive<FerroceWork>(rank_, type, title, std::move(outputs), std::move(body),
+                                         completer_);
     seq_++;
     if (sync_) {
       // FERROCE_TORCH_SYNC=1: in the caller, for comparison.
@@ -813,6 +951,11 @@ class ProcessGroupFerroce : public c10d::Backend {
   }
 
   void runJob(const Job& job) {
+    // Copies into a caller's tensors (views of leaves that require grad) are no autograd
+    // history: grad mode is per thread and on by default.
+    at::NoGradGuard noGrad;
+    // FERROCE_TORCH_SYNC=1 runs jobs on callers' threads: one at a time still.
+    std::unique_lock<std::mutex> one(sync_ ? syncMutex_ : idleMutex_);
     std::chrono::milliseconds group;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -843,7 +986,7 @@ class ProcessGroupFerroce : public c10d::Backend {
     auto work = c10::make_intrusive<FerroceWork>(
         rank_, kind == P2p::kSend ? c10d::OpType::SEND : c10d::OpType::RECV,
         kind == P2p::kSend ? "ferroce:send" : "ferroce:recv",
-        kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, [] {});
+        kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, [] {}, completer_);
     for (const auto& t : tensors) {
       batch_.push_back(P2p{kind, t, peer, work});
     }
@@ -1090,6 +1233,9 @@ class ProcessGroupFerroce : public c10d::Backend {
   CollApi table_;
   const CollApi* api_;
   Comm* comm_;
+  std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
+  std::mutex syncMutex_;
+  std::mutex idleMutex_; // taken by the worker alone: never contended
   std::chrono::milliseconds timeout_;
   bool sync_ = false;
   // The last error's message (worker only).
