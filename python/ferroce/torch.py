@@ -17,10 +17,11 @@ called from C++ through the Rust extension's table of C functions (``_ferroce._c
 The c10d operations gloo has, on dense CPU tensors: all_reduce (and coalesced), broadcast,
 reduce, all_gather, all_gather_into_tensor (and coalesced), all_gather_coalesced, gather,
 scatter, reduce_scatter, reduce_scatter_tensor (and coalesced), all_to_all_single (even and
-uneven splits), all_to_all, send, recv, batch_isend_irecv (c10d coalescing), barrier and
-monitored_barrier, with SUM, PRODUCT, MIN, MAX and AVG on float32, float64, float16, bfloat16,
-int32, int64 and uint8 (reductions; the others move any dtype). Refused with an error that
-says so: recv from any source, sparse tensors and other reductions (bitwise, PREMUL_SUM).
+uneven splits), all_to_all, send, recv (also from any source: the first send of the
+tensor's length), batch_isend_irecv (c10d coalescing), barrier and monitored_barrier, with SUM,
+PRODUCT, MIN, MAX and AVG on float32, float64, float16, bfloat16, int32, int64 and uint8
+(reductions; the others move any dtype). Refused with an error that says so: sparse tensors,
+other reductions (bitwise, PREMUL_SUM) and an empty receive from any source.
 Not done: split_group, tags (ignored: sends and receives between two ranks match in order),
 and plain isend/irecv both ways between two ranks with more than ferroce-coll's slots (4 MiB)
 in flight each way, which waits for the timeout (batch_isend_irecv runs such an exchange

@@ -35,7 +35,7 @@ use crate::Communicator;
 pub const API_CAPSULE: &CStr = c"ferroce._ferroce.coll_api";
 
 /// The table's version: the C++ side refuses another (a package built from mixed sources).
-pub const API_VERSION: u32 = 1;
+pub const API_VERSION: u32 = 2;
 
 /// What a function returns (the C++ side maps them to torch's error types).
 #[repr(C)]
@@ -53,8 +53,13 @@ pub enum Status {
     Other = 4,
 }
 
-/// The communicator a backend owns.
-pub struct Comm(ferroce_coll::Communicator);
+/// The communicator a backend owns, and whether a panic left it in an unknown state (then
+/// every later call fails: a panic may have stopped a collective between its sends and the
+/// completions the next call's safety rests on).
+pub struct Comm {
+    comm: ferroce_coll::Communicator,
+    poisoned: bool,
+}
 
 /// ferroce-coll's collectives, for C (the layout `ProcessGroupFerroce.cpp` declares).
 #[repr(C)]
@@ -136,6 +141,16 @@ pub struct CollApi {
     ) -> Status,
     /// barrier(comm, err, err_len).
     pub barrier: unsafe extern "C" fn(*mut Comm, *mut c_char, usize) -> Status,
+    /// recv_any(comm, into, into_bytes, &from, err, err_len): a send of that length from
+    /// whichever rank's comes first; `from` gets the rank.
+    pub recv_any: unsafe extern "C" fn(
+        *mut Comm,
+        *mut c_void,
+        usize,
+        *mut usize,
+        *mut c_char,
+        usize,
+    ) -> Status,
 }
 
 static API: CollApi = CollApi {
@@ -153,6 +168,7 @@ static API: CollApi = CollApi {
     alltoall,
     sendrecv,
     barrier,
+    recv_any,
 };
 
 /// The capsule holding the table (see the module doc): a copy of it, which the capsule's
@@ -238,7 +254,18 @@ unsafe fn run(
         return Status::Other;
     }
     // SAFETY: the caller's contract: a live box of ours, used by one thread at a time.
-    let c = unsafe { &mut (*comm).0 };
+    let Comm { comm: c, poisoned } = unsafe { &mut *comm };
+    if *poisoned {
+        // SAFETY: passed on from the caller.
+        unsafe {
+            report(
+                err,
+                err_len,
+                "the ferroce communicator is unusable after a panic",
+            )
+        };
+        return Status::Other;
+    }
     match catch_unwind(AssertUnwindSafe(|| f(c))) {
         Ok(Ok(())) => Status::Ok,
         Ok(Err(e)) => {
@@ -247,6 +274,7 @@ unsafe fn run(
             status_of(&e)
         }
         Err(_) => {
+            *poisoned = true;
             // SAFETY: passed on from the caller.
             unsafe {
                 report(
@@ -326,7 +354,12 @@ unsafe extern "C" fn take(
         let mut c = c.try_borrow_mut().map_err(|e| e.to_string())?;
         c.comm
             .take()
-            .map(|comm| Box::into_raw(Box::new(Comm(comm))))
+            .map(|comm| {
+                Box::into_raw(Box::new(Comm {
+                    comm,
+                    poisoned: false,
+                }))
+            })
             .ok_or_else(|| "the communicator was already taken by a backend".to_string())
     }));
     match got {
@@ -362,7 +395,7 @@ unsafe extern "C" fn set_timeout(comm: *mut Comm, seconds: f64) {
     }
     if let Ok(t) = Duration::try_from_secs_f64(seconds.max(0.001)) {
         // SAFETY: the caller's contract.
-        unsafe { (*comm).0.set_timeout(t) };
+        unsafe { (*comm).comm.set_timeout(t) };
     }
 }
 
@@ -373,7 +406,7 @@ unsafe extern "C" fn timeout(comm: *const Comm) -> f64 {
         return 0.0;
     }
     // SAFETY: the caller's contract.
-    unsafe { (*comm).0.timeout().as_secs_f64() }
+    unsafe { (*comm).comm.timeout().as_secs_f64() }
 }
 
 /// # Safety
@@ -567,4 +600,31 @@ unsafe extern "C" fn sendrecv(
 unsafe extern "C" fn barrier(comm: *mut Comm, err: *mut c_char, err_len: usize) -> Status {
     // SAFETY: passed on.
     unsafe { run(comm, err, err_len, |c| c.barrier()) }
+}
+
+/// # Safety
+/// As [`allreduce`]; `from` points at a writable `usize` (or is null).
+unsafe extern "C" fn recv_any(
+    comm: *mut Comm,
+    into: *mut c_void,
+    len: usize,
+    from: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> Status {
+    // SAFETY: the caller's contract.
+    let Some(b) = (unsafe { bytes_mut(into, len) }) else {
+        invalid!(err, err_len, "a null buffer of {len} bytes");
+    };
+    // SAFETY: passed on.
+    unsafe {
+        run(comm, err, err_len, |c| {
+            let rank = c.recv_any(b)?;
+            if !from.is_null() {
+                // SAFETY: the caller's contract.
+                *from = rank;
+            }
+            Ok(())
+        })
+    }
 }

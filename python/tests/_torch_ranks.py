@@ -319,7 +319,7 @@ def routing(rank, size, port, results):
 def more_ops(rank, size, port, results):
     """reduce, gather, scatter, all_reduce_coalesced, all_gather_coalesced, uneven
     all_to_all_single and all_to_all, and monitored_barrier on "ferroce": every value as the
-    operation defines it, on every rank; and recv from any source refused with its reason."""
+    operation defines it, on every rank; and receives from any source naming their senders."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     import torch
@@ -397,16 +397,24 @@ def more_ops(rank, size, port, results):
         dist.monitored_barrier()
         dist.monitored_barrier(wait_all_ranks=True)
 
-        # A receive from any source is refused at the call, saying so; the group goes on.
-        try:
-            dist.recv(torch.empty(1))
-            bad.append("a receive from any source did not fail")
-        except NotImplementedError as e:
-            if "any source" not in str(e):
-                bad.append(f"recv from any source: {e}")
+        # Receives from any source: rank 0 takes one send from every other rank, in whatever
+        # order they come (the later ranks send first), and recv names each sender.
+        if rank == 0:
+            seen = set()
+            for _ in range(size - 1):
+                t = torch.empty(3)
+                src = dist.recv(t)
+                seen.add(src)
+                check(f"recv from any source (from {src})", t, torch.full((3,), float(src)))
+            if seen != set(range(1, size)):
+                bad.append(f"recv from any source: senders {sorted(seen)}")
+        else:
+            import time
+            time.sleep(0.1 * (size - rank))
+            dist.send(torch.full((3,), float(rank)), 0)
         z = torch.ones(2)
         dist.all_reduce(z)
-        check("all_reduce after a refused recv", z, torch.full((2,), float(size)))
+        check("all_reduce after receives from any source", z, torch.full((2,), float(size)))
         dist.destroy_process_group()
     except Exception as err:
         import traceback

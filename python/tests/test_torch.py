@@ -55,7 +55,7 @@ def test_every_operation_on_strided_tensors(size):
 @pytest.mark.parametrize("size", [2, 3])
 def test_reduce_gather_scatter_coalesced_uneven_and_monitored(size):
     """reduce, gather, scatter, the coalesced operations, uneven all_to_all, monitored
-    barriers, and the clear error of a receive from any source."""
+    barriers, and receives from any source."""
     for rank, bad in run_ranks(_torch_ranks.more_ops, size):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
@@ -206,9 +206,6 @@ SUITE_EXPLAINED = {
                         "the test checks that get_backend() names the backend it asked for",
     "test_ddp_logging_data_cpu": "DDP's logger names a third-party backend 'custom' (torch's "
                                  "ProcessGroup says so), where the test expects get_backend()",
-    "test_send_recv_any_source": "recv from any source is not supported (NotImplementedError)",
-    "test_send_recv_any_source_autograd_profiler": "recv from any source, as above",
-    "test_send_recv_any_source_torch_profiler": "recv from any source, as above",
     "test_sparse_all_reduce_sum": "sparse tensors are not supported (ValueError)",
 }
 

@@ -8,7 +8,7 @@
 //! | broadcast | binomial tree up to `small_bytes`, pipelined chain beyond |
 //! | reduce | ring reduce-scatter, then every rank's reduced block to the root |
 //! | alltoall | every pair at once, credits pacing each peer |
-//! | send, recv, sendrecv | messages straight between the two ranks |
+//! | send, recv, sendrecv, recv_any | messages straight between the two ranks |
 //!
 //! Each call's messages carry a digest of its arguments (see `comm/phase.rs`), so ranks that disagree
 //! fail instead of mixing data. Reductions are deterministic: every rank ends with bit-identical
@@ -742,6 +742,27 @@ impl Communicator {
     /// Receives into `buf` what rank `peer` sends with [`send`](Self::send).
     pub fn recv(&mut self, buf: &mut [u8], peer: usize) -> Result<(), CollError> {
         self.sendrecv(&[], usize::MAX, buf, peer)
+    }
+
+    /// Receives into `buf` a [`send`](Self::send) of its length from whichever rank's comes
+    /// first (the lowest rank if several are there when it looks), and returns that rank, as
+    /// MPI's `MPI_ANY_SOURCE` and torch's `recv` without a source do. A rank whose next message
+    /// is anything else (another call, another length) is not taken. An empty `buf` is
+    /// refused: an empty send carries no message to find its sender by.
+    pub fn recv_any(&mut self, buf: &mut [u8]) -> Result<usize, CollError> {
+        self.usable()?;
+        if buf.is_empty() {
+            return Err(CollError::Size {
+                what: "a receive from any rank",
+                got: 0,
+                want: 1,
+            });
+        }
+        let (me, len) = (self.rank as u64, buf.len() as u64);
+        let from =
+            self.guarded(|c| c.wait_for_sender(|p| digest(kind::P2P, &[len, p as u64, me])))?;
+        self.recv(buf, from)?;
+        Ok(from)
     }
 
     /// Sends `out` to rank `to` and receives `into` from rank `from` at once (either side may

@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use ferroce::Provider;
-use ferroce_coll::{reduce_into, CommOptions, Communicator, DataType, ReduceOp, Store};
+use ferroce_coll::{reduce_into, CollError, CommOptions, Communicator, DataType, ReduceOp, Store};
 
 /// A slot of 4 KiB and small messages up to 2 KiB, so that small sizes already take every
 /// path: recursive doubling, ring, several slices per chunk, credits running out (2 slots).
@@ -378,6 +378,59 @@ fn a_rank_that_leaves_fails_the_others_within_the_deadline() {
                 Err((_, took)) => assert!(*took < timeout * 2, "rank {rank} took {took:?}"),
                 Ok(_) => panic!("{provider:?}: rank {rank}'s allreduce succeeded without rank 2"),
             }
+        }
+    }
+}
+
+/// A receive from any rank takes the first send of its length, says whose it is, and leaves a
+/// rank's message of another length (another call) for the receive that names it: rank 1 sends
+/// 100 bytes and then 64, rank 2 sends 64 after a while, and rank 0 asks three times.
+#[test]
+fn a_receive_from_any_rank_takes_the_first_send_of_its_length() {
+    for provider in [Provider::Shm, Provider::Udp] {
+        let results = with_ranks(
+            3,
+            move |_| options(provider, Duration::from_secs(10)),
+            move |mut comm| -> Result<Vec<(usize, Vec<u8>)>, String> {
+                let e = |e: CollError| e.to_string();
+                match comm.rank() {
+                    0 => {
+                        let mut got = Vec::new();
+                        let mut a = vec![0u8; 64];
+                        let from = comm.recv_any(&mut a).map_err(e)?;
+                        got.push((from, a));
+                        let mut long = vec![0u8; 100];
+                        comm.recv(&mut long, 1).map_err(e)?;
+                        got.push((1, long));
+                        let mut b = vec![0u8; 64];
+                        let from = comm.recv_any(&mut b).map_err(e)?;
+                        got.push((from, b));
+                        assert!(
+                            comm.recv_any(&mut []).is_err(),
+                            "an empty receive is refused"
+                        );
+                        Ok(got)
+                    }
+                    1 => {
+                        comm.send(&[1u8; 100], 0).map_err(e)?;
+                        comm.send(&[11u8; 64], 0).map_err(e)?;
+                        Ok(Vec::new())
+                    }
+                    _ => {
+                        std::thread::sleep(Duration::from_millis(200));
+                        comm.send(&[22u8; 64], 0).map_err(e)?;
+                        Ok(Vec::new())
+                    }
+                }
+            },
+        );
+        let got = results[0].as_ref().expect("rank 0");
+        // Rank 1's first message is 100 bytes: the first 64-byte receive waits for rank 2's.
+        assert_eq!(got[0], (2, vec![22u8; 64]), "{provider:?}");
+        assert_eq!(got[1], (1, vec![1u8; 100]), "{provider:?}");
+        assert_eq!(got[2], (1, vec![11u8; 64]), "{provider:?}");
+        for r in &results[1..] {
+            assert!(r.is_ok(), "{provider:?}: {r:?}");
         }
     }
 }

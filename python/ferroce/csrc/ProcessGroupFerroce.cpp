@@ -59,9 +59,10 @@ struct CollApi {
   int (*alltoall)(Comm*, const void*, size_t, void*, size_t, char*, size_t);
   int (*sendrecv)(Comm*, const void*, size_t, size_t, void*, size_t, size_t, char*, size_t);
   int (*barrier)(Comm*, char*, size_t);
+  int (*recv_any)(Comm*, void*, size_t, size_t*, char*, size_t);
 };
 
-constexpr uint32_t kApiVersion = 1;
+constexpr uint32_t kApiVersion = 2;
 constexpr const char* kApiCapsule = "ferroce._ferroce.coll_api";
 // A side left out of a sendrecv.
 constexpr size_t kNone = SIZE_MAX;
@@ -253,6 +254,11 @@ class FerroceWork : public c10d::Work {
             c10::ListType::create(c10::TensorType::get()))) {}
 
   // Runs the operation on the worker, then completes.
+  // For a body that needs its own Work (set before the Work is queued).
+  void setBody(std::function<void()> body) {
+    body_ = std::move(body);
+  }
+
   void execute() {
     std::exception_ptr error;
     try {
@@ -298,11 +304,21 @@ class FerroceWork : public c10d::Work {
     return future_;
   }
 
+  // The sender of a receive from any source, once it completed (-1 before, and for others).
+  int sourceRank() const override {
+    return source_.load();
+  }
+
+  void setSourceRank(int rank) {
+    source_.store(rank);
+  }
+
  private:
   std::vector<at::Tensor> outputs_;
   std::function<void()> body_;
   std::shared_ptr<Completer> completer_;
   c10::intrusive_ptr<at::ivalue::Future> future_;
+  std::atomic<int> source_{-1};
 };
 
 // ---- the backend -------------------------------------------------------------------------
@@ -818,13 +834,29 @@ class ProcessGroupFerroce : public c10d::Backend {
                    });
   }
 
+  // The first send of the tensor's length from any rank (ferroce-coll's recv_any); the Work's
+  // sourceRank() names the sender.
   c10::intrusive_ptr<c10d::Work> recvAnysource(
-      std::vector<at::Tensor>& /* tensors */,
+      std::vector<at::Tensor>& tensors,
       int /* tag */) override {
-    C10_THROW_ERROR(
-        NotImplementedError,
-        "ferroce: recv from any source is not supported (ferroce-coll matches each receive "
-        "with one named sender); pass src");
+    checkCpu(tensors);
+    TORCH_CHECK_VALUE(tensors.size() == 1, "recv from any source takes one tensor");
+    TORCH_CHECK_VALUE(tensors[0].numel() > 0,
+                      "ferroce: recv from any source of an empty tensor (an empty send carries "
+                      "no message to find its sender by)");
+    auto work = c10::make_intrusive<FerroceWork>(
+        rank_, c10d::OpType::RECVANYSOURCE, "ferroce:recv_any_source", tensors, nullptr,
+        completer_);
+    FerroceWork* w = work.get();
+    auto t = tensors[0];
+    work->setBody([this, t, w]() mutable {
+      auto c = contiguous(t);
+      size_t from = kNone;
+      call(api_->recv_any(comm_, c.data_ptr(), c.nbytes(), &from, err_, sizeof err_));
+      writeBack(t, c);
+      w->setSourceRank(static_cast<int>(from));
+    });
+    return enqueueWork(work, c10d::kUnsetTimeout);
   }
 
   // -- coalescing (batch_isend_irecv) ------------------------------------------------------
@@ -919,6 +951,12 @@ class ProcessGroupFerroce : public c10d::Backend {
     auto work =
         c10::make_intrusive<FerroceWork>(rank_, type, title, std::move(outputs), std::move(body),
                                          completer_);
+    return enqueueWork(work, timeout);
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueueWork(
+      const c10::intrusive_ptr<FerroceWork>& work,
+      std::chrono::milliseconds timeout) {
     seq_++;
     if (sync_) {
       // FERROCE_TORCH_SYNC=1: in the caller, for comparison.

@@ -47,6 +47,48 @@ impl Idler {
 }
 
 impl Communicator {
+    /// Waits until some other rank's next message carries `digest_of(rank)` and returns that
+    /// rank, the lowest if several have one; the message stays to be consumed. Fails as a phase
+    /// does: after the timeout without such a message, or when a peer fails with messages of
+    /// this rank's unconsumed.
+    pub(crate) fn wait_for_sender(
+        &mut self,
+        digest_of: impl Fn(usize) -> u16,
+    ) -> Result<usize, CollError> {
+        let mut idler = Idler::new(self.oversubscribed);
+        loop {
+            let progressed = self.poll()?;
+            for p in 0..self.size {
+                if p == self.rank || self.links[p].is_none() {
+                    continue;
+                }
+                if let Some(imm) = self.next_arrival(p)? {
+                    if (imm >> 16) as u16 == digest_of(p) {
+                        return Ok(p);
+                    }
+                }
+            }
+            if progressed {
+                idler.progressed();
+                continue;
+            }
+            let Some(waited) = idler.idle() else {
+                continue;
+            };
+            if waited > CREDIT_IDLE {
+                self.flush_credits()?;
+            }
+            self.check_peers(|_| false)?;
+            if waited > self.opts.timeout {
+                return Err(CollError::Timeout {
+                    rank: self.rank,
+                    timeout: self.opts.timeout,
+                    what: "a message from any rank",
+                });
+            }
+        }
+    }
+
     /// Runs one phase: see the module doc.
     ///
     /// # Safety
