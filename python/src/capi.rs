@@ -502,6 +502,31 @@ unsafe fn in_out<'a>(
     }
 }
 
+/// Checks an input and an output range, then runs `f` on them: the shape of every collective
+/// that reads one buffer and writes another.
+///
+/// # Safety
+/// As [`run`] and [`in_out`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_in_out(
+    comm: *mut Comm,
+    inp: *const c_void,
+    in_len: usize,
+    out: *mut c_void,
+    out_len: usize,
+    err: *mut c_char,
+    err_len: usize,
+    f: impl FnOnce(&mut ferroce_coll::Communicator, &[u8], &mut [u8]) -> Result<(), CollError>,
+) -> Status {
+    // SAFETY: the caller's contract.
+    let (i, o) = match unsafe { in_out(inp, in_len, out, out_len) } {
+        Ok(io) => io,
+        Err(e) => invalid!(err, err_len, "{e}"),
+    };
+    // SAFETY: passed on.
+    unsafe { run(comm, err, err_len, |c| f(c, i, o)) }
+}
+
 /// # Safety
 /// As [`run`] and [`in_out`].
 unsafe extern "C" fn allgather(
@@ -513,13 +538,12 @@ unsafe extern "C" fn allgather(
     err: *mut c_char,
     err_len: usize,
 ) -> Status {
-    // SAFETY: the caller's contract.
-    let (i, o) = match unsafe { in_out(inp, in_len, out, out_len) } {
-        Ok(io) => io,
-        Err(e) => invalid!(err, err_len, "{e}"),
-    };
     // SAFETY: passed on.
-    unsafe { run(comm, err, err_len, |c| c.allgather(i, o)) }
+    unsafe {
+        run_in_out(comm, inp, in_len, out, out_len, err, err_len, |c, i, o| {
+            c.allgather(i, o)
+        })
+    }
 }
 
 /// # Safety
@@ -543,13 +567,12 @@ unsafe extern "C" fn reduce_scatter(
             "element type {dt} or operator {o} unknown to ferroce"
         );
     };
-    // SAFETY: the caller's contract.
-    let (i, o) = match unsafe { in_out(inp, in_len, out, out_len) } {
-        Ok(io) => io,
-        Err(e) => invalid!(err, err_len, "{e}"),
-    };
     // SAFETY: passed on.
-    unsafe { run(comm, err, err_len, |c| c.reduce_scatter(i, o, t, op)) }
+    unsafe {
+        run_in_out(comm, inp, in_len, out, out_len, err, err_len, |c, i, o| {
+            c.reduce_scatter(i, o, t, op)
+        })
+    }
 }
 
 /// # Safety
@@ -563,13 +586,12 @@ unsafe extern "C" fn alltoall(
     err: *mut c_char,
     err_len: usize,
 ) -> Status {
-    // SAFETY: the caller's contract.
-    let (i, o) = match unsafe { in_out(inp, in_len, out, out_len) } {
-        Ok(io) => io,
-        Err(e) => invalid!(err, err_len, "{e}"),
-    };
     // SAFETY: passed on.
-    unsafe { run(comm, err, err_len, |c| c.alltoall(i, o)) }
+    unsafe {
+        run_in_out(comm, inp, in_len, out, out_len, err, err_len, |c, i, o| {
+            c.alltoall(i, o)
+        })
+    }
 }
 
 /// # Safety
@@ -586,13 +608,19 @@ unsafe extern "C" fn sendrecv(
     err: *mut c_char,
     err_len: usize,
 ) -> Status {
-    // SAFETY: the caller's contract.
-    let (s, r) = match unsafe { in_out(out, out_len, into, into_len) } {
-        Ok(io) => io,
-        Err(e) => invalid!(err, err_len, "{e}"),
-    };
     // SAFETY: passed on.
-    unsafe { run(comm, err, err_len, |c| c.sendrecv(s, to, r, from)) }
+    unsafe {
+        run_in_out(
+            comm,
+            out,
+            out_len,
+            into,
+            into_len,
+            err,
+            err_len,
+            |c, s, r| c.sendrecv(s, to, r, from),
+        )
+    }
 }
 
 /// # Safety
