@@ -993,7 +993,10 @@ class ProcessGroupFerroce : public c10d::Backend {
     // history: grad mode is per thread and on by default.
     at::NoGradGuard noGrad;
     // FERROCE_TORCH_SYNC=1 runs jobs on callers' threads: one at a time still.
-    std::unique_lock<std::mutex> one(sync_ ? syncMutex_ : idleMutex_);
+    std::unique_lock<std::mutex> one(syncMutex_, std::defer_lock);
+    if (sync_) {
+      one.lock();
+    }
     std::chrono::milliseconds group;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -1272,8 +1275,7 @@ class ProcessGroupFerroce : public c10d::Backend {
   const CollApi* api_;
   Comm* comm_;
   std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
-  std::mutex syncMutex_;
-  std::mutex idleMutex_; // taken by the worker alone: never contended
+  std::mutex syncMutex_; // FERROCE_TORCH_SYNC=1 only
   std::chrono::milliseconds timeout_;
   bool sync_ = false;
   // The last error's message (worker only).

@@ -47,6 +47,28 @@ impl Idler {
 }
 
 impl Communicator {
+    /// One turn of a wait loop after its look at the links: nothing more when it `progressed`
+    /// (the next wait starts afresh), else an idle poll; when that read the clock, credits owed
+    /// for longer than `CREDIT_IDLE` go out and the time waited so far is returned, for the
+    /// caller's peer and timeout checks.
+    fn idle_turn(
+        &mut self,
+        idler: &mut Idler,
+        progressed: bool,
+    ) -> Result<Option<Duration>, CollError> {
+        if progressed {
+            idler.progressed();
+            return Ok(None);
+        }
+        let Some(waited) = idler.idle() else {
+            return Ok(None);
+        };
+        if waited > CREDIT_IDLE {
+            self.flush_credits()?;
+        }
+        Ok(Some(waited))
+    }
+
     /// Waits until some other rank's next message carries `digest_of(rank)` and returns that
     /// rank, the lowest if several have one; the message stays to be consumed. Fails as a phase
     /// does: after the timeout without such a message, or when a peer fails with messages of
@@ -68,16 +90,9 @@ impl Communicator {
                     }
                 }
             }
-            if progressed {
-                idler.progressed();
-                continue;
-            }
-            let Some(waited) = idler.idle() else {
+            let Some(waited) = self.idle_turn(&mut idler, progressed)? else {
                 continue;
             };
-            if waited > CREDIT_IDLE {
-                self.flush_credits()?;
-            }
             self.check_peers(|_| false)?;
             if waited > self.opts.timeout {
                 return Err(CollError::Timeout {
@@ -238,16 +253,9 @@ impl Communicator {
             if !self.links.iter().flatten().any(pending) {
                 break;
             }
-            if progressed {
-                idler.progressed();
-                continue;
-            }
-            let Some(waited) = idler.idle() else {
+            let Some(waited) = self.idle_turn(&mut idler, progressed)? else {
                 continue;
             };
-            if waited > CREDIT_IDLE {
-                self.flush_credits()?;
-            }
             let links = &self.links;
             self.check_peers(|p| links[p].as_ref().is_some_and(pending))?;
             if waited > self.opts.timeout {
