@@ -1946,17 +1946,21 @@ unsafe extern "C" fn rdma_get_cm_event(
             set_errno(libc::EINVAL);
             return -1;
         }
+        // The queue, not the channel: a program may destroy the channel while this thread
+        // waits (rping's event thread waits on while the main thread tears down). The queue
+        // and its descriptor then live on with this wait, which goes on blocking, as a read of
+        // the kernel's event file does once the file is closed under it.
+        let queue = ch.queue.clone();
         // A count whose event went with its destroyed id is skipped: the next read blocks (or
         // says EAGAIN on a non-blocking fd), as for a channel with nothing to report.
         let e = loop {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a local; blocks per the fd's flags, as librdmacm's.
-            let n = unsafe { libc::read(ch.queue.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            let n = unsafe { libc::read(queue.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
             if n != 8 {
                 return -1;
             }
-            let e = ch
-                .queue
+            let e = queue
                 .events
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -2312,6 +2316,50 @@ mod unsupported {
 #[cfg(test)]
 mod tests {
     use super::{Ece, Message};
+
+    /// A thread waiting for an event is woken for one that its destroyed id took away, and the
+    /// program destroys the channel meanwhile (rping's client does both as it ends): the wait
+    /// goes on blocking, as a read of the kernel's event file does, and never fails with a
+    /// closed descriptor (rping then exits 255) or reads the freed channel.
+    #[test]
+    fn a_wait_outlives_its_channel_and_a_taken_event() {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        let ch = super::rdma_create_event_channel();
+        assert!(!ch.is_null());
+        // SAFETY: our live channel.
+        let queue = unsafe { super::channel_of(ch) }.unwrap().queue.clone();
+        let returned = Arc::new(AtomicBool::new(false));
+        let (flag, addr) = (returned.clone(), ch as usize);
+        std::thread::spawn(move || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: the channel is live when the call starts (destroyed only once the count
+            // below has woken this wait).
+            let _ = unsafe { super::rdma_get_cm_event(addr as *mut _, &mut ev) };
+            flag.store(true, Ordering::Release);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        {
+            // A count whose event is gone by the time the woken thread looks: the queue stays
+            // locked while the program destroys the channel.
+            let _q = queue.events.lock().unwrap();
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local to the channel's eventfd.
+            unsafe { libc::write(queue.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: our channel, destroyed once.
+            unsafe { super::rdma_destroy_event_channel(ch) };
+        }
+        drop(queue);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !returned.load(Ordering::Acquire),
+            "the wait ended once its channel was gone"
+        );
+    }
 
     #[test]
     fn messages_round_trip_and_refuse_junk() {
