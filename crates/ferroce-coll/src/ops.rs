@@ -19,7 +19,7 @@ use crate::comm::{digest, messages, Action, CollError, Communicator, In, Out, Ph
 use crate::reduce::{finish_avg, DataType, ReduceError, ReduceOp};
 
 /// Kinds of call, for the digest.
-mod kind {
+pub(crate) mod kind {
     pub const ALLREDUCE: u8 = 1;
     pub const ALLGATHER: u8 = 2;
     pub const REDUCE_SCATTER: u8 = 3;

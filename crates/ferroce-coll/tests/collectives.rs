@@ -4,52 +4,13 @@
 //! shared memory, over UDP, and mixed in one communicator; every element checked on every
 //! rank. Then 64 MiB, mismatched calls, a rank that leaves, and split communicators.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use ferroce::Provider;
-use ferroce_coll::{reduce_into, CollError, CommOptions, Communicator, DataType, ReduceOp, Store};
+use ferroce_coll::{reduce_into, CollError, CommOptions, Communicator, DataType, ReduceOp};
 
-/// A slot of 4 KiB and small messages up to 2 KiB, so that small sizes already take every
-/// path: recursive doubling, ring, several slices per chunk, credits running out (2 slots).
-const SLOT: usize = 4096;
-
-fn options(provider: Provider, timeout: Duration) -> CommOptions {
-    CommOptions {
-        timeout,
-        slot_bytes: SLOT,
-        slots: 2,
-        small_bytes: SLOT / 2,
-        provider,
-        device: Some("lo".into()),
-    }
-}
-
-/// Runs `body` on `n` ranks (threads), rank `r` with `opts(r)`; returns their results.
-fn with_ranks<R: Send + 'static>(
-    n: usize,
-    opts: impl Fn(usize) -> CommOptions,
-    body: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
-) -> Vec<R> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let master = listener.local_addr().unwrap();
-    let mut listener = Some(listener);
-    let threads: Vec<_> = (0..n)
-        .map(|rank| {
-            let (body, opts) = (body.clone(), opts(rank));
-            let l = if rank == 0 { listener.take() } else { None };
-            std::thread::spawn(move || {
-                let store = match l {
-                    Some(l) => Store::serve(l, n, opts.timeout).unwrap(),
-                    None => Store::connect(master, rank, n, opts.timeout).unwrap(),
-                };
-                let comm = Communicator::with_store(store, master, &opts).unwrap();
-                body(comm)
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
-}
+mod common;
+use common::{options, with_ranks, SLOT};
 
 /// Element `i` of input stream `seed`: small values, so that sums and products of up to 5
 /// ranks are exact in every type whatever order the algorithm adds them in.

@@ -51,7 +51,7 @@ impl Communicator {
     /// (the next wait starts afresh), else an idle poll; when that read the clock, credits owed
     /// for longer than `CREDIT_IDLE` go out and the time waited so far is returned, for the
     /// caller's peer and timeout checks.
-    fn idle_turn(
+    pub(super) fn idle_turn(
         &mut self,
         idler: &mut Idler,
         progressed: bool,

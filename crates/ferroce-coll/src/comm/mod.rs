@@ -82,12 +82,14 @@ mod engine;
 mod error;
 mod link;
 mod options;
+mod p2p;
 mod phase;
 mod setup;
 mod transport;
 
 pub use error::CollError;
 pub use options::CommOptions;
+pub use p2p::Ticket;
 pub(crate) use phase::{digest, messages, Action, In, Out, Phase, Src};
 
 use std::collections::VecDeque;
@@ -148,6 +150,8 @@ pub struct Communicator {
     ctx: Context,
     /// Why the communicator is broken, if it is.
     broken: Option<String>,
+    /// Sends and receives started and not yet complete (`p2p`).
+    in_flight: p2p::InFlight,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -247,8 +251,11 @@ impl Communicator {
         f: impl FnOnce(&mut Communicator) -> Result<R, CollError>,
     ) -> Result<R, CollError> {
         self.usable()?;
-        let r = f(self);
+        // Operations started before this call go first: a link carries one call's messages
+        // at a time.
+        let r = self.finish_in_flight().and_then(|()| f(self));
         if let Err(e) = &r {
+            self.abandon_in_flight();
             self.break_with(e);
         }
         r
@@ -294,6 +301,15 @@ impl Drop for Communicator {
     /// Closes the links gracefully: a peer still finishing the last collective gets the
     /// credits (and acknowledgements) it waits for before this rank's QPs go away.
     fn drop(&mut self) {
+        if self.in_flight() > 0 {
+            // Operations nobody will finish: the QPs stop reading their buffers (whose
+            // regions go with this communicator) before anything else.
+            for l in self.links.iter().flatten() {
+                l.qp.modify_to_error();
+            }
+            self.abandon_in_flight();
+            self.broken = Some("dropped with operations in flight".into());
+        }
         if self.broken.is_none() {
             let _ = self.flush_credits();
             self.post_last(CLOSE_WR, self.opts.timeout.min(Duration::from_secs(2)));

@@ -305,6 +305,7 @@ impl Communicator {
             _pd: pd,
             ctx,
             broken: None,
+            in_flight: Default::default(),
         })
     }
 
