@@ -20,13 +20,13 @@ scatter, reduce_scatter, reduce_scatter_tensor (and coalesced), all_to_all_singl
 uneven splits), all_to_all, send, recv (also from any source: the first send of the
 tensor's length), batch_isend_irecv (c10d coalescing), barrier and monitored_barrier, with SUM,
 PRODUCT, MIN, MAX and AVG on float32, float64, float16, bfloat16, int32, int64 and uint8
-(reductions; the others move any dtype). Refused with an error that says so: sparse tensors,
-other reductions (bitwise, PREMUL_SUM) and an empty receive from any source.
-Not done: split_group, tags (ignored: sends and receives between two ranks match in order),
-and plain isend/irecv both ways between two ranks with more than ferroce-coll's slots (4 MiB)
-in flight each way, which waits for the timeout (batch_isend_irecv runs such an exchange
-pairwise). Strided tensors of any shape and strides work (a non-contiguous one goes through a
-contiguous copy, copied back where the operation writes it).
+(reductions; the others move any dtype), and split_group. Refused with an error that says
+so: sparse tensors, other reductions (bitwise, PREMUL_SUM) and an empty receive from any
+source. Not done: tags (ignored: sends and receives between two ranks match in order). isend
+and irecv stay in flight together until each completes, whatever order the ranks post them in
+and however large (ferroce-coll's start_send/start_recv); an operation queued after them runs
+once they are done. Strided tensors of any shape and strides work (a non-contiguous one goes
+through a contiguous copy, copied back where the operation writes it).
 
 Each operation is queued to the group's worker thread and returns its ``Work`` at once:
 ``wait()`` blocks until it ran and raises its error, ``get_future()`` completes with its result
@@ -37,6 +37,7 @@ answering fails it with ``torch.distributed.DistBackendError``. The endpoints ar
 through torch.distributed's own store, so it needs nothing but the rendezvous torch has.
 """
 
+import datetime
 import os
 import re
 import shutil
@@ -106,6 +107,12 @@ def _create(store, rank, size, timeout):
     )
     # The backend takes the communicator over (``comm`` is empty afterwards).
     return _ext.create_backend(comm, _ferroce._coll_api(), rank, size, timeout.total_seconds())
+
+
+def _create_split(store, rank, size, timeout_seconds):
+    # The backend's split (torch's split_group) connects the child group here, over the
+    # child's store, as a new group is.
+    return _create(store, rank, size, datetime.timedelta(seconds=timeout_seconds))
 
 
 # Only for CPU tensors: in "cpu:ferroce,cuda:nccl" NCCL keeps the CUDA ones.

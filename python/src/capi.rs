@@ -25,7 +25,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use ferroce_coll::{CollError, DataType, ReduceOp};
+use ferroce_coll::{AbortHandle, CollError, DataType, ReduceOp};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
@@ -35,7 +35,7 @@ use crate::Communicator;
 pub const API_CAPSULE: &CStr = c"ferroce._ferroce.coll_api";
 
 /// The table's version: the C++ side refuses another (a package built from mixed sources).
-pub const API_VERSION: u32 = 2;
+pub const API_VERSION: u32 = 3;
 
 /// What a function returns (the C++ side maps them to torch's error types).
 #[repr(C)]
@@ -151,6 +151,49 @@ pub struct CollApi {
         *mut c_char,
         usize,
     ) -> Status,
+    /// start_send(comm, buf, len, to, &ticket, err, err_len): starts a send (see
+    /// [`ferroce_coll::Communicator::start_send`]); `buf` stays valid and unwritten until its
+    /// ticket is reported, a call fails, or the communicator is freed.
+    pub start_send: unsafe extern "C" fn(
+        *mut Comm,
+        *const c_void,
+        usize,
+        usize,
+        *mut u64,
+        *mut c_char,
+        usize,
+    ) -> Status,
+    /// start_recv(comm, buf, len, from, &ticket, err, err_len): starts a receive; `buf` stays
+    /// valid, and untouched by anything else, until as for `start_send`.
+    pub start_recv: unsafe extern "C" fn(
+        *mut Comm,
+        *mut c_void,
+        usize,
+        usize,
+        *mut u64,
+        *mut c_char,
+        usize,
+    ) -> Status,
+    /// progress(comm, wait_seconds, tickets, capacity, &count, err, err_len): moves what was
+    /// started on for up to `wait_seconds` and writes the tickets of those that completed (at
+    /// most `capacity`; the rest come next time). A failure ends every operation in flight.
+    pub progress: unsafe extern "C" fn(
+        *mut Comm,
+        f64,
+        *mut u64,
+        usize,
+        *mut usize,
+        *mut c_char,
+        usize,
+    ) -> Status,
+    /// abort_handle(comm): a handle that aborts the communicator from any thread (taken while
+    /// no other thread uses `comm`); null if `comm` is. Freed with `abort_free`.
+    pub abort_handle: unsafe extern "C" fn(*mut Comm) -> *mut AbortHandle,
+    /// abort_raise(handle): the call under way on the communicator fails at once with
+    /// "aborted", and so does every later one (safe from any thread, while the handle lives).
+    pub abort_raise: unsafe extern "C" fn(*const AbortHandle),
+    /// abort_free(handle): frees what `abort_handle` returned.
+    pub abort_free: unsafe extern "C" fn(*mut AbortHandle),
 }
 
 static API: CollApi = CollApi {
@@ -169,6 +212,12 @@ static API: CollApi = CollApi {
     sendrecv,
     barrier,
     recv_any,
+    start_send,
+    start_recv,
+    progress,
+    abort_handle,
+    abort_raise,
+    abort_free,
 };
 
 /// The capsule holding the table (see the module doc): a copy of it, which the capsule's
@@ -654,5 +703,114 @@ unsafe extern "C" fn recv_any(
             }
             Ok(())
         })
+    }
+}
+
+/// # Safety
+/// As [`run`]; `buf` as [`ferroce_coll::Communicator::start_send`] asks; `ticket` points at a
+/// writable `u64`.
+unsafe extern "C" fn start_send(
+    comm: *mut Comm,
+    buf: *const c_void,
+    len: usize,
+    to: usize,
+    ticket: *mut u64,
+    err: *mut c_char,
+    err_len: usize,
+) -> Status {
+    if ticket.is_null() || (buf.is_null() && len > 0) {
+        invalid!(err, err_len, "a null buffer of {len} bytes or ticket");
+    }
+    // SAFETY: passed on.
+    unsafe {
+        run(comm, err, err_len, |c| {
+            // SAFETY: the caller's contract.
+            *ticket = c.start_send(buf.cast(), len, to)?;
+            Ok(())
+        })
+    }
+}
+
+/// # Safety
+/// As [`start_send`], with `buf` as [`ferroce_coll::Communicator::start_recv`] asks.
+unsafe extern "C" fn start_recv(
+    comm: *mut Comm,
+    buf: *mut c_void,
+    len: usize,
+    from: usize,
+    ticket: *mut u64,
+    err: *mut c_char,
+    err_len: usize,
+) -> Status {
+    if ticket.is_null() || (buf.is_null() && len > 0) {
+        invalid!(err, err_len, "a null buffer of {len} bytes or ticket");
+    }
+    // SAFETY: passed on.
+    unsafe {
+        run(comm, err, err_len, |c| {
+            // SAFETY: the caller's contract.
+            *ticket = c.start_recv(buf.cast(), len, from)?;
+            Ok(())
+        })
+    }
+}
+
+/// # Safety
+/// As [`run`]; `tickets` points at `capacity` writable `u64`s and `count` at a writable
+/// `usize`.
+unsafe extern "C" fn progress(
+    comm: *mut Comm,
+    wait_seconds: f64,
+    tickets: *mut u64,
+    capacity: usize,
+    count: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> Status {
+    if tickets.is_null() || count.is_null() || capacity == 0 {
+        invalid!(err, err_len, "no room for tickets");
+    }
+    let wait = Duration::try_from_secs_f64(wait_seconds.max(0.0)).unwrap_or(Duration::ZERO);
+    // SAFETY: the caller's contract.
+    unsafe { *count = 0 };
+    // SAFETY: passed on.
+    unsafe {
+        run(comm, err, err_len, |c| {
+            let done = c.progress(wait, capacity)?;
+            // SAFETY: the caller's contract: `capacity` slots, and `done` has at most that.
+            std::ptr::copy_nonoverlapping(done.as_ptr(), tickets, done.len());
+            *count = done.len();
+            Ok(())
+        })
+    }
+}
+
+/// # Safety
+/// `comm` came from `take` (or is null) and no other thread uses it meanwhile.
+unsafe extern "C" fn abort_handle(comm: *mut Comm) -> *mut AbortHandle {
+    if comm.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's contract.
+    let handle = unsafe { (*comm).comm.abort_handle() };
+    Box::into_raw(Box::new(handle))
+}
+
+/// # Safety
+/// `handle` came from `abort_handle` and was not freed (or is null).
+unsafe extern "C" fn abort_raise(handle: *const AbortHandle) {
+    // SAFETY: the caller's contract; the handle is shared state (an atomic flag), safe to
+    // use from any thread.
+    if let Some(h) = unsafe { handle.as_ref() } {
+        h.abort();
+    }
+}
+
+/// # Safety
+/// `handle` came from `abort_handle` (or is null) and is not used afterwards.
+unsafe extern "C" fn abort_free(handle: *mut AbortHandle) {
+    if !handle.is_null() {
+        // SAFETY: a box of ours, given back once.
+        drop(unsafe { Box::from_raw(handle) });
     }
 }

@@ -207,11 +207,21 @@ def strided(rank, size, port, results):
 
             inp, ibase = lay(torch.cat([vec(10 * rank + j, n) for j in range(size)]))
             out, obase = lay(torch.zeros(size * n))
-            dist.all_to_all_single(out, inp)
-            check("all_to_all_single", out, obase,
-                  torch.cat([vec(10 * i + rank, n) for i in range(size)]), name)
-            check("all_to_all_single input", inp, ibase,
-                  torch.cat([vec(10 * rank + j, n) for j in range(size)]), name)
+            if inp.shape[0] % size or out.shape[0] % size:
+                # Even blocks are blocks of rows (as gloo's): a (2, k) transpose does not
+                # split among 3 ranks, and the call says so before anything moves.
+                try:
+                    dist.all_to_all_single(out, inp)
+                    bad.append(f"all_to_all_single of {inp.shape[0]} rows on {size} ranks")
+                except ValueError as e:
+                    if "rows" not in str(e):
+                        bad.append(f"all_to_all_single's refusal: {e}")
+            else:
+                dist.all_to_all_single(out, inp)
+                check("all_to_all_single", out, obase,
+                      torch.cat([vec(10 * i + rank, n) for i in range(size)]), name)
+                check("all_to_all_single input", inp, ibase,
+                      torch.cat([vec(10 * rank + j, n) for j in range(size)]), name)
 
             ins = [lay(vec(10 * rank + j, n)) for j in range(size)]
             outs = [lay(torch.zeros(n)) for _ in range(size)]

@@ -14,7 +14,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _prereq import require_module  # noqa: E402
 
 torch = require_module("torch", "scripts/test-python.sh installs it unless FERROCE_SKIP_TORCH=1")
+import _abort_ranks  # noqa: E402
 import _fsdp_ranks  # noqa: E402
+import _p2p_ranks  # noqa: E402
+import _split_ranks  # noqa: E402
 import _torch_ranks  # noqa: E402
 
 
@@ -57,6 +60,26 @@ def test_reduce_gather_scatter_coalesced_uneven_and_monitored(size):
     """reduce, gather, scatter, the coalesced operations, uneven all_to_all, monitored
     barriers, and receives from any source."""
     for rank, bad in run_ranks(_torch_ranks.more_ops, size):
+        assert bad == [], f"rank {rank}: " + "\n".join(bad)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_isend_and_irecv_stay_in_flight_together(size):
+    """Receives posted before sends on every rank, sends both ways beyond the peer's slots,
+    a ring, a column view, order per peer, and a collective behind them: as with gloo, none
+    waits for the next operation to be called."""
+    for rank, bad in run_ranks(_p2p_ranks.point_to_point, size):
+        assert bad == [], f"rank {rank}: " + "\n".join(bad)
+
+
+def test_split_group_gives_each_split_a_group_of_its_own():
+    """split_group on 5 ranks: [[3, 0, 2], [1]], rank 4 in none."""
+    for rank, bad in run_ranks(_split_ranks.split, 5):
+        assert bad == [], f"rank {rank}: " + "\n".join(bad)
+
+
+def test_abort_fails_the_operation_under_way_and_the_peers_at_once():
+    for rank, bad in run_ranks(_abort_ranks.abort, 2):
         assert bad == [], f"rank {rank}: " + "\n".join(bad)
 
 

@@ -12,7 +12,10 @@
 // Threads: each backend runs its operations one at a time on a worker thread of its own, in
 // the order they were called (gloo's queue feeds two threads; ferroce-coll's communicator runs
 // one collective at a time); a call checks its arguments, queues the operation and returns its
-// Work. Futures complete on other threads (`Completer`), so their callbacks may start and wait
+// Work. Sends and receives (isend, irecv) only start there: they stay in flight together,
+// moved on whenever the queue is empty, until each completes on its own (ferroce-coll's
+// start_send/start_recv/progress), as gloo's do; an operation queued after them runs once they
+// are done. Futures complete on other threads (`Completer`), so their callbacks may start and wait
 // for collectives of their own. The communicator is used by the
 // worker alone (ferroce-coll's communicator is not shared between threads). Each queued
 // operation holds the tensors it reads and writes (at::Tensor references) until it ran, so
@@ -33,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace ferroce {
@@ -40,6 +44,7 @@ namespace ferroce {
 // ---- the Rust extension's table (python/src/capi.rs, `CollApi`; same order, same types) ----
 
 struct Comm;
+struct AbortHandle;
 
 enum Status : int { kOk = 0, kInvalid = 1, kTimeout = 2, kPeer = 3, kOther = 4 };
 
@@ -60,9 +65,15 @@ struct CollApi {
   int (*sendrecv)(Comm*, const void*, size_t, size_t, void*, size_t, size_t, char*, size_t);
   int (*barrier)(Comm*, char*, size_t);
   int (*recv_any)(Comm*, void*, size_t, size_t*, char*, size_t);
+  int (*start_send)(Comm*, const void*, size_t, size_t, uint64_t*, char*, size_t);
+  int (*start_recv)(Comm*, void*, size_t, size_t, uint64_t*, char*, size_t);
+  int (*progress)(Comm*, double, uint64_t*, size_t, size_t*, char*, size_t);
+  AbortHandle* (*abort_handle)(Comm*);
+  void (*abort_raise)(const AbortHandle*);
+  void (*abort_free)(AbortHandle*);
 };
 
-constexpr uint32_t kApiVersion = 2;
+constexpr uint32_t kApiVersion = 3;
 constexpr const char* kApiCapsule = "ferroce._ferroce.coll_api";
 // A side left out of a sendrecv.
 constexpr size_t kNone = SIZE_MAX;
@@ -266,7 +277,14 @@ class FerroceWork : public c10d::Work {
     } catch (...) {
       error = std::current_exception();
     }
-    complete(error);
+    if (error || !deferred_) {
+      complete(error);
+    }
+  }
+
+  // Called by a body that only started the operation: it completes later (`complete`).
+  void defer() {
+    deferred_ = true;
   }
 
   // The Work completes here; its future on the Completer (see there), whose callbacks may
@@ -319,6 +337,7 @@ class FerroceWork : public c10d::Work {
   std::shared_ptr<Completer> completer_;
   c10::intrusive_ptr<at::ivalue::Future> future_;
   std::atomic<int> source_{-1};
+  bool deferred_ = false;
 };
 
 // ---- the backend -------------------------------------------------------------------------
@@ -331,7 +350,12 @@ class ProcessGroupFerroce : public c10d::Backend {
       int rank,
       int size,
       std::chrono::milliseconds timeout)
-      : Backend(rank, size), table_(api), api_(&table_), comm_(comm), timeout_(timeout) {
+      : Backend(rank, size),
+        table_(api),
+        api_(&table_),
+        comm_(comm),
+        abort_(api_->abort_handle(comm)),
+        timeout_(timeout) {
     const char* sync = std::getenv("FERROCE_TORCH_SYNC");
     sync_ = sync != nullptr && std::string(sync) != "" && std::string(sync) != "0";
     if (!sync_) {
@@ -340,31 +364,38 @@ class ProcessGroupFerroce : public c10d::Backend {
   }
 
   ~ProcessGroupFerroce() override {
+    stopAndFree();
+    api_->abort_free(abort_);
+  }
+
+  // destroy_process_group: what was queued runs (and what is in flight gets a last moment),
+  // then the worker ends and the communicator closes its links; later calls are refused.
+  void shutdown() {
+    stopAndFree();
+  }
+
+  // ProcessGroup.abort(): the operation under way fails at once ("aborted"), and so do those
+  // queued and in flight; the peers' operations fail at once too (ferroce-coll tells them), and
+  // the communicator goes.
+  void abort() {
+    std::deque<Job> dropped;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
+      dropped.swap(queue_);
     }
+    api_->abort_raise(abort_);
     cv_.notify_all();
-    // The worker may be in a call that takes seconds, and the Completer's threads in Python
-    // callbacks that need the GIL: both are waited for without it. The last reference can
-    // drop on the worker itself (a queued job held it): that thread is let go, not joined.
-    auto drain = [this] {
-      if (worker_.joinable()) {
-        if (worker_.get_id() == std::this_thread::get_id()) {
-          worker_.detach();
-        } else {
-          worker_.join();
-        }
-      }
-      completer_.reset();
-      api_->free(comm_);
-    };
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      pybind11::gil_scoped_release release;
-      drain();
-    } else {
-      drain();
+    std::exception_ptr error;
+    try {
+      C10_THROW_ERROR(DistBackendError, "ferroce: the process group was aborted");
+    } catch (...) {
+      error = std::current_exception();
     }
+    for (auto& job : dropped) {
+      job.work->complete(error);
+    }
+    stopAndFree();
   }
 
   const std::string getBackendName() const override {
@@ -730,13 +761,12 @@ class ProcessGroupFerroce : public c10d::Backend {
     checkCpu(input);
     TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
                       "all_to_all_single: input and output of one dtype");
-    // Even: the whole buffers, cut into equal blocks of bytes (ferroce checks they divide);
-    // uneven: the splits are checked here, at the call.
+    // Even: the whole buffers, cut into equal blocks of bytes, which are equal blocks of rows
+    // (gloo's and torch's: the first dimension must divide by the group's size, checked here
+    // with the uneven splits, at the call).
     bool even = outputSplits.empty() && inputSplits.empty();
-    if (!even) {
-      blocks(input, inputSplits, "input");
-      blocks(output, outputSplits, "output");
-    }
+    blocks(input, inputSplits, "input");
+    blocks(output, outputSplits, "output");
     std::vector<at::Tensor> outs{output};
     return enqueue(c10d::OpType::ALLTOALL_BASE, "ferroce:all_to_all_single", outs, opts.timeout,
                    [this, output, input, even, inputSplits, outputSplits]() mutable {
@@ -807,12 +837,15 @@ class ProcessGroupFerroce : public c10d::Backend {
     if (coalescing_) {
       return batched(P2p::kSend, tensors, dstRank);
     }
-    return enqueue(c10d::OpType::SEND, "ferroce:send", {}, c10d::kUnsetTimeout,
-                   [this, tensors, dstRank]() {
-                     for (const auto& t : tensors) {
-                       sendTo(contiguous(t), dstRank);
-                     }
-                   });
+    if (sync_) {
+      return enqueue(c10d::OpType::SEND, "ferroce:send", {}, c10d::kUnsetTimeout,
+                     [this, tensors, dstRank]() {
+                       for (const auto& t : tensors) {
+                         sendTo(contiguous(t), dstRank);
+                       }
+                     });
+    }
+    return startP2p(P2p::kSend, tensors, dstRank);
   }
 
   c10::intrusive_ptr<c10d::Work> recv(
@@ -824,14 +857,17 @@ class ProcessGroupFerroce : public c10d::Backend {
     if (coalescing_) {
       return batched(P2p::kRecv, tensors, srcRank);
     }
-    return enqueue(c10d::OpType::RECV, "ferroce:recv", tensors, c10d::kUnsetTimeout,
-                   [this, tensors, srcRank]() mutable {
-                     for (auto& t : tensors) {
-                       auto c = contiguous(t);
-                       recvFrom(c, srcRank);
-                       writeBack(t, c);
-                     }
-                   });
+    if (sync_) {
+      return enqueue(c10d::OpType::RECV, "ferroce:recv", tensors, c10d::kUnsetTimeout,
+                     [this, tensors, srcRank]() mutable {
+                       for (auto& t : tensors) {
+                         auto c = contiguous(t);
+                         recvFrom(c, srcRank);
+                         writeBack(t, c);
+                       }
+                     });
+    }
+    return startP2p(P2p::kRecv, tensors, srcRank);
   }
 
   // The first send of the tensor's length from any rank (ferroce-coll's recv_any); the Work's
@@ -928,6 +964,44 @@ class ProcessGroupFerroce : public c10d::Backend {
     return seq_;
   }
 
+  // -- split_group -------------------------------------------------------------------------
+
+  // torch's split_group: a new backend for the members of `ranks` (in that order), connected
+  // over the child's store (a prefix of the parent's) the way the first was, by ferroce.torch
+  // in Python; nullptr for a rank outside them. Not marked `override`: torch releases without
+  // splitting (and without getBackendOptions) still build this class, and those that have
+  // them call these.
+  bool supportsSplitting() const {
+    return true;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) {
+    auto me = std::find(ranks.begin(), ranks.end(), rank_);
+    if (me == ranks.end()) {
+      return nullptr;
+    }
+    std::chrono::milliseconds timeout;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      timeout = opts ? opts->timeout : timeout_;
+    }
+    pybind11::gil_scoped_acquire gil;
+    auto made = pybind11::module_::import("ferroce.torch")
+                    .attr("_create_split")(store, static_cast<int>(me - ranks.begin()),
+                                           static_cast<int>(ranks.size()),
+                                           std::chrono::duration<double>(timeout).count());
+    return made.cast<c10::intrusive_ptr<c10d::Backend>>();
+  }
+
+  // What split_group copies for a child when it names no options: the group's timeout.
+  c10::intrusive_ptr<Options> getBackendOptions() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return c10::make_intrusive<Options>("ferroce", timeout_);
+  }
+
   void setTimeout(std::chrono::milliseconds timeout) override {
     // Read by the worker at each operation (under the queue's lock).
     std::lock_guard<std::mutex> lock(mutex_);
@@ -940,6 +1014,8 @@ class ProcessGroupFerroce : public c10d::Backend {
   struct Job {
     c10::intrusive_ptr<FerroceWork> work;
     std::chrono::milliseconds timeout;
+    // Whether it only starts sends or receives (it need not wait for those in flight).
+    bool starts = false;
   };
 
   c10::intrusive_ptr<c10d::Work> enqueue(
@@ -956,58 +1032,89 @@ class ProcessGroupFerroce : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> enqueueWork(
       const c10::intrusive_ptr<FerroceWork>& work,
-      std::chrono::milliseconds timeout) {
+      std::chrono::milliseconds timeout,
+      bool starts = false) {
     seq_++;
     if (sync_) {
       // FERROCE_TORCH_SYNC=1: in the caller, for comparison.
-      runJob(Job{work, timeout});
+      runJob(Job{work, timeout, starts});
       return work;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       TORCH_CHECK(!stop_, "ferroce: the process group is shut down");
-      queue_.push_back(Job{work, timeout});
+      queue_.push_back(Job{work, timeout, starts});
     }
     cv_.notify_one();
     return work;
   }
 
   void run() {
+    // Copies into callers' tensors (a receive's write-back) are no autograd history.
+    at::NoGradGuard noGrad;
     for (;;) {
       Job job;
+      bool have = false, stopping = false;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) {
+        if (inFlight_.empty()) {
+          cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        }
+        if (!queue_.empty()) {
+          job = std::move(queue_.front());
+          queue_.pop_front();
+          have = true;
+        } else if (inFlight_.empty()) {
           return; // stopped, and everything queued ran
         }
-        job = std::move(queue_.front());
-        queue_.pop_front();
+        stopping = stop_;
+      }
+      if (!have) {
+        // Nothing queued: the sends and receives in flight move on. A backend going away
+        // gives them a last moment, then fails what is left.
+        if (stopping) {
+          auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+          while (!inFlight_.empty() && std::chrono::steady_clock::now() < until) {
+            progressInFlight(0.01);
+          }
+          try {
+            C10_THROW_ERROR(DistBackendError,
+                            "ferroce: the process group was destroyed with the send or "
+                            "receive in flight");
+          } catch (...) {
+            failInFlight(std::current_exception());
+          }
+          continue;
+        }
+        // Spinning while a peer is slow to post its side would take a core from the
+        // training thread (gloo's waiting thread sleeps): after 2 ms without a completion, one
+        // turn at a time with sleeps between, which a new operation cuts short.
+        auto idle = std::chrono::steady_clock::now() - lastCompletion_;
+        if (idle < std::chrono::milliseconds(2)) {
+          progressInFlight(0.001);
+        } else {
+          progressInFlight(0.0);
+          std::unique_lock<std::mutex> lock(mutex_);
+          cv_.wait_for(
+              lock,
+              idle < std::chrono::milliseconds(100) ? std::chrono::microseconds(50)
+                                                      : std::chrono::microseconds(1000),
+              [this] { return stop_ || !queue_.empty(); });
+        }
+        continue;
+      }
+      if (job.starts) {
+        lastCompletion_ = std::chrono::steady_clock::now();
+      }
+      if (!job.starts) {
+        // Whatever was started before the operation finishes first (ferroce-coll would
+        // finish it too, but its Works complete here, now).
+        while (!inFlight_.empty()) {
+          progressInFlight(0.01);
+        }
       }
       runJob(job);
     }
-  }
-
-  void runJob(const Job& job) {
-    // Copies into a caller's tensors (views of leaves that require grad) are no autograd
-    // history: grad mode is per thread and on by default.
-    at::NoGradGuard noGrad;
-    // FERROCE_TORCH_SYNC=1 runs jobs on callers' threads: one at a time still.
-    std::unique_lock<std::mutex> one(syncMutex_, std::defer_lock);
-    if (sync_) {
-      one.lock();
-    }
-    std::chrono::milliseconds group;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      group = timeout_;
-    }
-    // The call's timeout where it names one, else the group's.
-    auto t = job.timeout.count() > 0 ? job.timeout : group;
-    if (t.count() > 0) {
-      api_->set_timeout(comm_, std::chrono::duration<double>(t).count());
-    }
-    job.work->execute();
   }
 
   // -- batches of sends and receives ----------------------------------------------------------
@@ -1089,6 +1196,140 @@ class ProcessGroupFerroce : public c10d::Backend {
     if (error) {
       std::rethrow_exception(error);
     }
+  }
+
+  // -- sends and receives in flight (worker only, but for their start on the caller) --------
+
+  // One tensor's send or receive in flight: its Work, the bytes ferroce reads or writes, and
+  // for a receive into a non-contiguous tensor, that tensor (written back at completion).
+  struct Started {
+    c10::intrusive_ptr<FerroceWork> work;
+    at::Tensor bytes;
+    at::Tensor target;
+  };
+
+  // Queues the start of a send or receive of each tensor; the Work completes when all have.
+  c10::intrusive_ptr<c10d::Work> startP2p(
+      P2p::Kind kind,
+      const std::vector<at::Tensor>& tensors,
+      int peer) {
+    auto work = c10::make_intrusive<FerroceWork>(
+        rank_, kind == P2p::kSend ? c10d::OpType::SEND : c10d::OpType::RECV,
+        kind == P2p::kSend ? "ferroce:send" : "ferroce:recv",
+        kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, nullptr, completer_);
+    FerroceWork* w = work.get();
+    work->setBody([this, w, kind, tensors, peer]() {
+      if (tensors.empty()) {
+        return; // nothing to start: completes at once
+      }
+      w->defer();
+      for (const auto& t : tensors) {
+        auto c = contiguous(t);
+        uint64_t ticket = 0;
+        int st = kind == P2p::kSend
+            ? api_->start_send(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
+                               &ticket, err_, sizeof err_)
+            : api_->start_recv(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
+                               &ticket, err_, sizeof err_);
+        if (st != kOk) {
+          // Parts started already stay in flight (their bytes held) until they end; the Work
+          // fails now, once.
+          try {
+            call(st);
+          } catch (...) {
+            failWork(w, std::current_exception());
+          }
+          return;
+        }
+        partsLeft_[w]++;
+        inFlight_[ticket] = Started{
+            c10::intrusive_ptr<FerroceWork>::reclaim_copy(w), c,
+            kind == P2p::kRecv && !c.is_same(t) ? t : at::Tensor()};
+      }
+    });
+    return enqueueWork(work, c10d::kUnsetTimeout, /*starts=*/true);
+  }
+
+  // Moves what is in flight on for up to `waitSeconds`, completing the Works whose parts all
+  // completed; a failure (the communicator is then broken) fails every Work in flight.
+  void progressInFlight(double waitSeconds) {
+    uint64_t done[64];
+    size_t n = 0;
+    int st = api_->progress(comm_, waitSeconds, done, 64, &n, err_, sizeof err_);
+    if (n > 0) {
+      lastCompletion_ = std::chrono::steady_clock::now();
+    }
+    for (size_t i = 0; i < n; i++) {
+      auto it = inFlight_.find(done[i]);
+      if (it == inFlight_.end()) {
+        continue;
+      }
+      Started s = std::move(it->second);
+      inFlight_.erase(it);
+      FerroceWork* w = s.work.get();
+      std::exception_ptr error;
+      if (s.target.defined()) {
+        try {
+          writeBack(s.target, s.bytes);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      if (error) {
+        failWork(w, error);
+      }
+      if (--partsLeft_[w] == 0) {
+        partsLeft_.erase(w);
+        if (!w->isCompleted()) {
+          w->complete(nullptr);
+        }
+      }
+    }
+    if (st != kOk) {
+      try {
+        call(st);
+      } catch (...) {
+        failInFlight(std::current_exception());
+      }
+    }
+  }
+
+  // Fails a Work now (once); parts of it still in flight end later without it.
+  void failWork(FerroceWork* w, std::exception_ptr error) {
+    if (!w->isCompleted()) {
+      w->complete(error);
+    }
+  }
+
+  // Fails every Work in flight and forgets them (ferroce-coll ended their operations).
+  void failInFlight(std::exception_ptr error) {
+    for (auto& [ticket, s] : inFlight_) {
+      failWork(s.work.get(), error);
+    }
+    inFlight_.clear();
+    partsLeft_.clear();
+  }
+
+  void runJob(const Job& job) {
+    // Copies into a caller's tensors (views of leaves that require grad) are no autograd
+    // history: grad mode is per thread and on by default.
+    at::NoGradGuard noGrad;
+    // FERROCE_TORCH_SYNC=1 runs jobs on callers' threads: one at a time still.
+    std::unique_lock<std::mutex> one(syncMutex_, std::defer_lock);
+    if (sync_) {
+      one.lock();
+    }
+    std::chrono::milliseconds group;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      group = timeout_;
+    }
+    // The call's timeout where it names one, else the group's.
+    auto t = job.timeout.count() > 0 ? job.timeout : group;
+    if (t.count() > 0) {
+      api_->set_timeout(comm_, std::chrono::duration<double>(t).count());
+    }
+    job.work->execute();
   }
 
   // -- calls into ferroce-coll (worker only) ---------------------------------------------
@@ -1270,10 +1511,46 @@ class ProcessGroupFerroce : public c10d::Backend {
     return out;
   }
 
+  // Stops the worker after what is queued (the caller may be it: then it is let go, not
+  // joined) and frees the communicator, once. The worker may be in a call that takes seconds,
+  // and the Completer's threads in Python callbacks that need the GIL: both are waited for
+  // without it.
+  void stopAndFree() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      if (freed_) {
+        return;
+      }
+      freed_ = true;
+    }
+    cv_.notify_all();
+    auto drain = [this] {
+      if (worker_.joinable()) {
+        if (worker_.get_id() == std::this_thread::get_id()) {
+          worker_.detach();
+        } else {
+          worker_.join();
+        }
+      }
+      completer_.reset();
+      api_->free(comm_);
+      comm_ = nullptr;
+    };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      drain();
+    } else {
+      drain();
+    }
+  }
+
   // A copy of the table: the capsule that held it is gone once the constructor returns.
   CollApi table_;
   const CollApi* api_;
   Comm* comm_;
+  AbortHandle* abort_;
+  bool freed_ = false; // under mutex_
   std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
   std::mutex syncMutex_; // FERROCE_TORCH_SYNC=1 only
   std::chrono::milliseconds timeout_;
@@ -1291,6 +1568,13 @@ class ProcessGroupFerroce : public c10d::Backend {
   std::deque<Job> queue_;
   bool stop_ = false;
   std::thread worker_;
+
+  // Sends and receives in flight by ticket, and how many parts each Work still waits for
+  // (worker only; `inFlight_.empty()` is also read under `mutex_` by the worker itself).
+  std::unordered_map<uint64_t, Started> inFlight_;
+  std::unordered_map<FerroceWork*, size_t> partsLeft_;
+  // When one last completed, or was started (how long the worker has waited for the peers).
+  std::chrono::steady_clock::time_point lastCompletion_;
 };
 
 // Makes the backend from the Communicator Python connected (which it takes over) and the

@@ -48,7 +48,8 @@ impl Idler {
 
 impl Communicator {
     /// One turn of a wait loop after its look at the links: nothing more when it `progressed`
-    /// (the next wait starts afresh), else an idle poll; when that read the clock, credits owed
+    /// (the next wait starts afresh), else an idle poll; when that read the clock, an abort
+    /// fails the wait, credits owed
     /// for longer than `CREDIT_IDLE` go out and the time waited so far is returned, for the
     /// caller's peer and timeout checks.
     pub(super) fn idle_turn(
@@ -63,6 +64,7 @@ impl Communicator {
         let Some(waited) = idler.idle() else {
             return Ok(None);
         };
+        self.check_abort()?;
         if waited > CREDIT_IDLE {
             self.flush_credits()?;
         }

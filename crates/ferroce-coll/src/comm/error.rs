@@ -70,6 +70,9 @@ pub enum CollError {
         /// What was awaited.
         what: &'static str,
     },
+    /// The communicator was aborted ([`AbortHandle::abort`]) from another thread.
+    #[error("the communicator was aborted")]
+    Aborted,
     /// An earlier collective of this communicator failed.
     #[error("the communicator is broken by an earlier failure: {0}")]
     Broken(String),

@@ -95,7 +95,8 @@ pub(crate) use phase::{digest, messages, Action, In, Out, Phase, Src};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroce::cm::{EndpointInfo, RemoteRegion, ENDPOINT_LEN};
@@ -152,6 +153,23 @@ pub struct Communicator {
     broken: Option<String>,
     /// Sends and receives started and not yet complete (`p2p`).
     in_flight: p2p::InFlight,
+    /// Raised by an [`AbortHandle`] (from any thread).
+    aborted: Arc<AtomicBool>,
+}
+
+/// Aborts a communicator from another thread: the call it runs fails with
+/// [`CollError::Aborted`] within a moment (its waits look at the flag whenever they read the
+/// clock), and so does every later one; the peers hear of it as of any failure, and their
+/// calls fail at once with [`CollError::PeerFailed`]. What torch's `ProcessGroup.abort()`
+/// asks of a backend.
+#[derive(Debug, Clone)]
+pub struct AbortHandle(Arc<AtomicBool>);
+
+impl AbortHandle {
+    /// Raises the flag; the communicator's thread does the rest.
+    pub fn abort(&self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -196,12 +214,26 @@ impl Communicator {
         self.opts.timeout = timeout;
     }
 
-    /// Refuses a call on a broken communicator.
+    /// Refuses a call on a broken communicator, or an aborted one.
     pub(crate) fn usable(&self) -> Result<(), CollError> {
         match &self.broken {
             Some(why) => Err(CollError::Broken(why.clone())),
-            None => Ok(()),
+            None => self.check_abort(),
         }
+    }
+
+    /// Fails once an [`AbortHandle`] raised the flag.
+    pub(crate) fn check_abort(&self) -> Result<(), CollError> {
+        if self.aborted.load(Ordering::Acquire) {
+            Err(CollError::Aborted)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A handle that aborts this communicator from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.aborted.clone())
     }
 
     /// Checks a rank number.
@@ -309,6 +341,10 @@ impl Drop for Communicator {
             }
             self.abandon_in_flight();
             self.broken = Some("dropped with operations in flight".into());
+        }
+        if self.broken.is_none() && self.check_abort().is_err() {
+            // Aborted: the peers' calls fail at once, as after any failure.
+            self.break_with(&CollError::Aborted);
         }
         if self.broken.is_none() {
             let _ = self.flush_credits();

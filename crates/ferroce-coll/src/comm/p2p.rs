@@ -45,6 +45,15 @@ pub(super) struct Receiving {
     taken: usize,
 }
 
+// SAFETY: the pointer is the caller's buffer, which `start_recv`'s contract keeps valid and
+// unaccessed by anything else until the receive ends, whichever thread then holds the
+// communicator; it is written only through the communicator, which one thread uses at a time
+// (`&mut self`).
+unsafe impl Send for Receiving {}
+// SAFETY: through a shared reference nothing reads or writes the bytes the pointer names
+// (`recv_queue_turn`, the one writer, runs under `&mut Communicator`).
+unsafe impl Sync for Receiving {}
+
 /// Every operation in flight, by peer, and those completed and not yet reported.
 #[derive(Default)]
 pub(super) struct InFlight {

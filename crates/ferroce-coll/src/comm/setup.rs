@@ -306,6 +306,7 @@ impl Communicator {
             ctx,
             broken: None,
             in_flight: Default::default(),
+            aborted: Default::default(),
         })
     }
 
