@@ -141,17 +141,18 @@ pub struct CollApi {
     ) -> Status,
     /// barrier(comm, err, err_len).
     pub barrier: unsafe extern "C" fn(*mut Comm, *mut c_char, usize) -> Status,
-    /// recv_any(comm, into, into_bytes, &from, err, err_len): a send of that length from
-    /// whichever rank's comes first; `from` gets the rank.
+    /// recv_any(comm, into, into_bytes, tag, &from, err, err_len): a send of that length and
+    /// tag from whichever rank's comes first; `from` gets the rank.
     pub recv_any: unsafe extern "C" fn(
         *mut Comm,
         *mut c_void,
         usize,
+        u32,
         *mut usize,
         *mut c_char,
         usize,
     ) -> Status,
-    /// start_send(comm, buf, len, to, &ticket, err, err_len): starts a send (see
+    /// start_send(comm, buf, len, to, tag, &ticket, err, err_len): starts a send (see
     /// [`ferroce_coll::Communicator::start_send`]); `buf` stays valid and unwritten until its
     /// ticket is reported, a call fails, or the communicator is freed.
     pub start_send: unsafe extern "C" fn(
@@ -159,17 +160,19 @@ pub struct CollApi {
         *const c_void,
         usize,
         usize,
+        u32,
         *mut u64,
         *mut c_char,
         usize,
     ) -> Status,
-    /// start_recv(comm, buf, len, from, &ticket, err, err_len): starts a receive; `buf` stays
+    /// start_recv(comm, buf, len, from, tag, &ticket, err, err_len): starts a receive; `buf` stays
     /// valid, and untouched by anything else, until as for `start_send`.
     pub start_recv: unsafe extern "C" fn(
         *mut Comm,
         *mut c_void,
         usize,
         usize,
+        u32,
         *mut u64,
         *mut c_char,
         usize,
@@ -685,6 +688,7 @@ unsafe extern "C" fn recv_any(
     comm: *mut Comm,
     into: *mut c_void,
     len: usize,
+    tag: u32,
     from: *mut usize,
     err: *mut c_char,
     err_len: usize,
@@ -696,7 +700,7 @@ unsafe extern "C" fn recv_any(
     // SAFETY: passed on.
     unsafe {
         run(comm, err, err_len, |c| {
-            let rank = c.recv_any(b)?;
+            let rank = c.recv_any_tagged(b, tag)?;
             if !from.is_null() {
                 // SAFETY: the caller's contract.
                 *from = rank;
@@ -714,6 +718,7 @@ unsafe extern "C" fn start_send(
     buf: *const c_void,
     len: usize,
     to: usize,
+    tag: u32,
     ticket: *mut u64,
     err: *mut c_char,
     err_len: usize,
@@ -725,7 +730,7 @@ unsafe extern "C" fn start_send(
     unsafe {
         run(comm, err, err_len, |c| {
             // SAFETY: the caller's contract.
-            *ticket = c.start_send(buf.cast(), len, to)?;
+            *ticket = c.start_send(buf.cast(), len, to, tag)?;
             Ok(())
         })
     }
@@ -738,6 +743,7 @@ unsafe extern "C" fn start_recv(
     buf: *mut c_void,
     len: usize,
     from: usize,
+    tag: u32,
     ticket: *mut u64,
     err: *mut c_char,
     err_len: usize,
@@ -749,7 +755,7 @@ unsafe extern "C" fn start_recv(
     unsafe {
         run(comm, err, err_len, |c| {
             // SAFETY: the caller's contract.
-            *ticket = c.start_recv(buf.cast(), len, from)?;
+            *ticket = c.start_recv(buf.cast(), len, from, tag)?;
             Ok(())
         })
     }

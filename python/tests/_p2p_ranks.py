@@ -91,6 +91,32 @@ def point_to_point(rank, size, port, results):
         if not torch.equal(x, torch.full((4,), float(size))):
             bad.append("all_reduce after the sends")
 
+        # Tags: two sends to one peer with tags 5 and 7, received by tag (in order), and a
+        # receive from any source that takes only its tag (rank 0's tag-2 send comes first;
+        # the tag-3 receive waits for the last rank's).
+        a, b = torch.zeros(100), torch.zeros(n)
+        reqs = [dist.irecv(a, src=left, tag=5), dist.irecv(b, src=left, tag=7)]
+        reqs += [dist.isend(_values(50 + rank, 100), dst=right, tag=5),
+                 dist.isend(_values(60 + rank, n), dst=right, tag=7)]
+        for q in reqs:
+            q.wait()
+        if not (torch.equal(a, _values(50 + left, 100)) and torch.equal(b, _values(60 + left, n))):
+            bad.append("tagged sends: wrong values")
+        if size > 2:
+            if rank == 1:
+                got2, got3 = torch.zeros(10), torch.zeros(10)
+                src3 = dist.recv(got3, tag=3)
+                src2 = dist.recv(got2, tag=2)
+                if (src3, src2) != (size - 1, 0):
+                    bad.append(f"receives from any source by tag came from {src3}, {src2}")
+                if not (torch.equal(got3, _values(3, 10)) and torch.equal(got2, _values(2, 10))):
+                    bad.append("receives from any source by tag: wrong values")
+            elif rank == 0:
+                dist.send(_values(2, 10), dst=1, tag=2)
+            elif rank == size - 1:
+                time.sleep(0.3)
+                dist.send(_values(3, 10), dst=1, tag=3)
+
         # Blocking send meets irecv.
         if rank == 0:
             dist.send(_values(40, 1000), dst=1)

@@ -15,7 +15,9 @@
 //! results (the ring reduces each chunk in one order and passes the result round; recursive
 //! doubling combines the same two values on both sides with commutative operators).
 
-use crate::comm::{digest, messages, Action, CollError, Communicator, In, Out, Phase, Src};
+use crate::comm::{
+    digest, messages, p2p_digest, Action, CollError, Communicator, In, Out, Phase, Src,
+};
 use crate::reduce::{finish_avg, DataType, ReduceError, ReduceOp};
 
 /// Kinds of call, for the digest.
@@ -750,6 +752,12 @@ impl Communicator {
     /// is anything else (another call, another length) is not taken. An empty `buf` is
     /// refused: an empty send carries no message to find its sender by.
     pub fn recv_any(&mut self, buf: &mut [u8]) -> Result<usize, CollError> {
+        self.recv_any_tagged(buf, 0)
+    }
+
+    /// As [`recv_any`](Self::recv_any), taking only a send started with `tag`
+    /// ([`start_send`](Self::start_send)); tag 0 is that of [`send`](Self::send).
+    pub fn recv_any_tagged(&mut self, buf: &mut [u8], tag: u32) -> Result<usize, CollError> {
         self.usable()?;
         if buf.is_empty() {
             return Err(CollError::Size {
@@ -758,10 +766,13 @@ impl Communicator {
                 want: 1,
             });
         }
-        let (me, len) = (self.rank as u64, buf.len() as u64);
-        let from =
-            self.guarded(|c| c.wait_for_sender(|p| digest(kind::P2P, &[len, p as u64, me])))?;
-        self.recv(buf, from)?;
+        let (me, len) = (self.rank, buf.len());
+        let from = self.guarded(|c| c.wait_for_sender(|p| p2p_digest(len, p, me, tag)))?;
+        if tag == 0 {
+            self.recv(buf, from)?;
+        } else {
+            self.recv_tagged(buf, from, tag)?;
+        }
         Ok(from)
     }
 
@@ -787,8 +798,8 @@ impl Communicator {
             }
         }
         // The digest of a message names the length and the direction, so the pair agrees.
-        let send_d = digest(kind::P2P, &[out.len() as u64, r as u64, to as u64]);
-        let recv_d = digest(kind::P2P, &[into.len() as u64, from as u64, r as u64]);
+        let send_d = p2p_digest(out.len(), r, to, 0);
+        let recv_d = p2p_digest(into.len(), from, r, 0);
         let (sp, sl) = (out.as_ptr(), out.len());
         let (rp, rl) = (into.as_mut_ptr(), into.len());
         let slice = self.slice_for(1);

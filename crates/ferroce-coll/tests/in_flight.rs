@@ -54,8 +54,8 @@ fn receives_started_before_sends_both_ways_finish() {
                 let mut into = vec![0u8; len];
                 // SAFETY: both buffers outlive the operations, which `complete` finishes.
                 let (r, s) = unsafe {
-                    let r = comm.start_recv(into.as_mut_ptr(), len, peer);
-                    let s = comm.start_send(out.as_ptr(), len, peer);
+                    let r = comm.start_recv(into.as_mut_ptr(), len, peer, 0);
+                    let s = comm.start_send(out.as_ptr(), len, peer, 0);
                     (r.map_err(|e| e.to_string())?, s.map_err(|e| e.to_string())?)
                 };
                 complete(&mut comm, &[r, s])?;
@@ -96,12 +96,12 @@ fn started_operations_keep_their_order_and_meet_blocking_calls() {
                         for o in &outs {
                             // SAFETY: `outs` outlives the sends, finished below.
                             tickets.push(
-                                unsafe { comm.start_send(o.as_ptr(), o.len(), 1) }.map_err(e)?,
+                                unsafe { comm.start_send(o.as_ptr(), o.len(), 1, 0) }.map_err(e)?,
                             );
                         }
                         // SAFETY: an empty send reads nothing.
                         let empty =
-                            unsafe { comm.start_send(std::ptr::null(), 0, 2) }.map_err(e)?;
+                            unsafe { comm.start_send(std::ptr::null(), 0, 2, 0) }.map_err(e)?;
                         tickets.push(empty);
                         // A blocking receive from rank 2 while the sends to 1 are in flight:
                         // it finishes them first.
@@ -117,7 +117,7 @@ fn started_operations_keep_their_order_and_meet_blocking_calls() {
                         for into in &mut intos[..2] {
                             // SAFETY: `intos` outlives the receives, finished below.
                             tickets.push(
-                                unsafe { comm.start_recv(into.as_mut_ptr(), into.len(), 0) }
+                                unsafe { comm.start_recv(into.as_mut_ptr(), into.len(), 0, 0) }
                                     .map_err(e)?,
                             );
                         }
@@ -128,11 +128,11 @@ fn started_operations_keep_their_order_and_meet_blocking_calls() {
                     _ => {
                         // SAFETY: an empty receive writes nothing.
                         let empty =
-                            unsafe { comm.start_recv(std::ptr::null_mut(), 0, 0) }.map_err(e)?;
+                            unsafe { comm.start_recv(std::ptr::null_mut(), 0, 0, 0) }.map_err(e)?;
                         let out = pattern(9, 2 * SLOT);
                         // SAFETY: `out` outlives the send, which the allreduce finishes.
                         let s =
-                            unsafe { comm.start_send(out.as_ptr(), out.len(), 0) }.map_err(e)?;
+                            unsafe { comm.start_send(out.as_ptr(), out.len(), 0, 0) }.map_err(e)?;
                         // Before the allreduce, the send in flight goes out: rank 0's blocking
                         // receive takes it.
                         let mut v = vec![6u8; 8];
@@ -192,8 +192,8 @@ fn a_receive_without_its_send_times_out() {
             }
             let mut into = vec![0u8; 64];
             // SAFETY: `into` outlives the receive (the communicator breaks before it returns).
-            let t =
-                unsafe { comm.start_recv(into.as_mut_ptr(), 64, 1) }.map_err(|e| e.to_string())?;
+            let t = unsafe { comm.start_recv(into.as_mut_ptr(), 64, 1, 0) }
+                .map_err(|e| e.to_string())?;
             loop {
                 match comm.progress(Duration::from_millis(50), 8) {
                     Ok(done) if done.contains(&t) => return Err("completed without a send".into()),
@@ -209,6 +209,120 @@ fn a_receive_without_its_send_times_out() {
                 Err(CollError::Broken(_)) => Ok(()),
                 other => Err(format!("after the failure: {other:?}")),
             }
+        },
+    );
+    for r in results {
+        r.unwrap();
+    }
+}
+
+/// Tags: receives take sends of their tag (in order per peer), and a receive from any rank
+/// takes the first send of its tag, not an earlier one of another tag.
+#[test]
+fn tags_match_sends_to_their_receives() {
+    for provider in [Provider::Shm, Provider::Udp] {
+        let results = with_ranks(
+            3,
+            move |_| options(provider, Duration::from_secs(10)),
+            move |mut comm| -> Result<Vec<(usize, Vec<u8>)>, String> {
+                let e = |e: CollError| e.to_string();
+                let mut got = Vec::new();
+                match comm.rank() {
+                    0 => {
+                        // Rank 1's tag-3 send comes first; the receive of tag 4 waits for
+                        // rank 2's.
+                        std::thread::sleep(Duration::from_millis(200));
+                        let mut a = vec![0u8; 64];
+                        let from = comm.recv_any_tagged(&mut a, 4).map_err(e)?;
+                        got.push((from, a));
+                        let mut b = vec![0u8; 64];
+                        let from = comm.recv_any_tagged(&mut b, 3).map_err(e)?;
+                        got.push((from, b));
+                        // Two tagged sends from rank 1, in order.
+                        let (mut c, mut d) = (vec![0u8; 3 * SLOT], vec![0u8; 10]);
+                        // SAFETY: `c` and `d` outlive the receives, finished below.
+                        let t = unsafe {
+                            [
+                                comm.start_recv(c.as_mut_ptr(), c.len(), 1, 5).map_err(e)?,
+                                comm.start_recv(d.as_mut_ptr(), d.len(), 1, 7).map_err(e)?,
+                            ]
+                        };
+                        complete(&mut comm, &t)?;
+                        got.push((1, c));
+                        got.push((1, d));
+                        Ok(got)
+                    }
+                    1 => {
+                        let (a, c, d) = (pattern(3, 64), pattern(5, 3 * SLOT), pattern(7, 10));
+                        // SAFETY: the buffers outlive the sends, finished below.
+                        let t = unsafe {
+                            [
+                                comm.start_send(a.as_ptr(), a.len(), 0, 3).map_err(e)?,
+                                comm.start_send(c.as_ptr(), c.len(), 0, 5).map_err(e)?,
+                                comm.start_send(d.as_ptr(), d.len(), 0, 7).map_err(e)?,
+                            ]
+                        };
+                        complete(&mut comm, &t)?;
+                        Ok(got)
+                    }
+                    _ => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        let a = pattern(4, 64);
+                        // SAFETY: `a` outlives the send, finished below.
+                        let t = unsafe { comm.start_send(a.as_ptr(), a.len(), 0, 4) }.map_err(e)?;
+                        complete(&mut comm, &[t])?;
+                        Ok(got)
+                    }
+                }
+            },
+        );
+        let r0 = results[0]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{provider:?}: {e}"));
+        assert_eq!(
+            r0[0],
+            (2, pattern(4, 64)),
+            "{provider:?}: tag 4 from rank 2"
+        );
+        assert_eq!(
+            r0[1],
+            (1, pattern(3, 64)),
+            "{provider:?}: tag 3 from rank 1"
+        );
+        assert_eq!(r0[2], (1, pattern(5, 3 * SLOT)), "{provider:?}: tag 5");
+        assert_eq!(r0[3], (1, pattern(7, 10)), "{provider:?}: tag 7");
+        for r in &results[1..] {
+            r.as_ref().unwrap_or_else(|e| panic!("{provider:?}: {e}"));
+        }
+    }
+}
+
+/// A receive whose peer's next send has another tag (or length) fails with a mismatch naming
+/// the peer, instead of taking bytes meant for another receive.
+#[test]
+fn a_receive_of_another_tag_is_a_mismatch() {
+    let results = with_ranks(
+        2,
+        |_| options(Provider::Shm, Duration::from_secs(10)),
+        |mut comm| -> Result<(), String> {
+            let e = |e: CollError| e.to_string();
+            if comm.rank() == 0 {
+                let a = pattern(1, 16);
+                // SAFETY: `a` outlives the send, finished below.
+                let t = unsafe { comm.start_send(a.as_ptr(), 16, 1, 1) }.map_err(e)?;
+                return complete(&mut comm, &[t]);
+            }
+            let mut into = vec![0u8; 16];
+            // SAFETY: `into` outlives the receive (ended by the failure below).
+            let t = unsafe { comm.start_recv(into.as_mut_ptr(), 16, 0, 2) }.map_err(e)?;
+            match complete(&mut comm, &[t]) {
+                Err(m) if m.contains("rank 0") && m.contains("tag") => {}
+                other => return Err(format!("a tag-2 receive of a tag-1 send: {other:?}")),
+            }
+            if into != vec![0u8; 16] {
+                return Err("the mismatched message was written".into());
+            }
+            Ok(())
         },
     );
     for r in results {

@@ -64,9 +64,9 @@ struct CollApi {
   int (*alltoall)(Comm*, const void*, size_t, void*, size_t, char*, size_t);
   int (*sendrecv)(Comm*, const void*, size_t, size_t, void*, size_t, size_t, char*, size_t);
   int (*barrier)(Comm*, char*, size_t);
-  int (*recv_any)(Comm*, void*, size_t, size_t*, char*, size_t);
-  int (*start_send)(Comm*, const void*, size_t, size_t, uint64_t*, char*, size_t);
-  int (*start_recv)(Comm*, void*, size_t, size_t, uint64_t*, char*, size_t);
+  int (*recv_any)(Comm*, void*, size_t, uint32_t, size_t*, char*, size_t);
+  int (*start_send)(Comm*, const void*, size_t, size_t, uint32_t, uint64_t*, char*, size_t);
+  int (*start_recv)(Comm*, void*, size_t, size_t, uint32_t, uint64_t*, char*, size_t);
   int (*progress)(Comm*, double, uint64_t*, size_t, size_t*, char*, size_t);
   AbortHandle* (*abort_handle)(Comm*);
   void (*abort_raise)(const AbortHandle*);
@@ -828,54 +828,42 @@ class ProcessGroupFerroce : public c10d::Backend {
 
   // -- point to point ------------------------------------------------------------------------
 
+  // A tag is part of what must match (ferroce-coll's digest): a receive meets only a send of
+  // its tag, and one whose peer's next send to it has another tag fails instead of taking
+  // bytes meant for another receive (gloo would set that send aside for a later receive).
   c10::intrusive_ptr<c10d::Work> send(
       std::vector<at::Tensor>& tensors,
       int dstRank,
-      int /* tag */) override {
+      int tag) override {
     checkCpu(tensors);
     checkPeer(dstRank);
+    checkTag(tag);
     if (coalescing_) {
-      return batched(P2p::kSend, tensors, dstRank);
+      return batched(P2p::kSend, tensors, dstRank, tag);
     }
-    if (sync_) {
-      return enqueue(c10d::OpType::SEND, "ferroce:send", {}, c10d::kUnsetTimeout,
-                     [this, tensors, dstRank]() {
-                       for (const auto& t : tensors) {
-                         sendTo(contiguous(t), dstRank);
-                       }
-                     });
-    }
-    return startP2p(P2p::kSend, tensors, dstRank);
+    return startP2p(P2p::kSend, tensors, dstRank, tag);
   }
 
   c10::intrusive_ptr<c10d::Work> recv(
       std::vector<at::Tensor>& tensors,
       int srcRank,
-      int /* tag */) override {
+      int tag) override {
     checkCpu(tensors);
     checkPeer(srcRank);
+    checkTag(tag);
     if (coalescing_) {
-      return batched(P2p::kRecv, tensors, srcRank);
+      return batched(P2p::kRecv, tensors, srcRank, tag);
     }
-    if (sync_) {
-      return enqueue(c10d::OpType::RECV, "ferroce:recv", tensors, c10d::kUnsetTimeout,
-                     [this, tensors, srcRank]() mutable {
-                       for (auto& t : tensors) {
-                         auto c = contiguous(t);
-                         recvFrom(c, srcRank);
-                         writeBack(t, c);
-                       }
-                     });
-    }
-    return startP2p(P2p::kRecv, tensors, srcRank);
+    return startP2p(P2p::kRecv, tensors, srcRank, tag);
   }
 
   // The first send of the tensor's length from any rank (ferroce-coll's recv_any); the Work's
   // sourceRank() names the sender.
   c10::intrusive_ptr<c10d::Work> recvAnysource(
       std::vector<at::Tensor>& tensors,
-      int /* tag */) override {
+      int tag) override {
     checkCpu(tensors);
+    checkTag(tag);
     TORCH_CHECK_VALUE(tensors.size() == 1, "recv from any source takes one tensor");
     TORCH_CHECK_VALUE(tensors[0].numel() > 0,
                       "ferroce: recv from any source of an empty tensor (an empty send carries "
@@ -885,10 +873,11 @@ class ProcessGroupFerroce : public c10d::Backend {
         completer_);
     FerroceWork* w = work.get();
     auto t = tensors[0];
-    work->setBody([this, t, w]() mutable {
+    work->setBody([this, t, w, tag]() mutable {
       auto c = contiguous(t);
       size_t from = kNone;
-      call(api_->recv_any(comm_, c.data_ptr(), c.nbytes(), &from, err_, sizeof err_));
+      call(api_->recv_any(comm_, c.data_ptr(), c.nbytes(), static_cast<uint32_t>(tag), &from,
+                          err_, sizeof err_));
       writeBack(t, c);
       w->setSourceRank(static_cast<int>(from));
     });
@@ -898,9 +887,8 @@ class ProcessGroupFerroce : public c10d::Backend {
   // -- coalescing (batch_isend_irecv) ------------------------------------------------------
 
   // torch's batch_isend_irecv issues its sends and receives between these two calls, and any
-  // order of them must not deadlock (gloo's are truly asynchronous). A ferroce-coll send
-  // waits for the peer's receive once the peer's slots are full (4 MiB by default), and a
-  // receive for the peer's send, so the batch is run as a whole (`runBatch`).
+  // order of them must not deadlock (gloo's are truly asynchronous): they all start at once
+  // and stay in flight together (`startBatch`).
   bool supportsCoalescing() const override {
     return true;
   }
@@ -925,8 +913,12 @@ class ProcessGroupFerroce : public c10d::Backend {
     }
     // Queued even when empty: torch waits on this Work for what the batch's collectives
     // queued before it (its coalescing manager calls e.g. allreduce_coalesced first).
-    return enqueue(c10d::OpType::COALESCED, "ferroce:coalesced", outputs, c10d::kUnsetTimeout,
-                   [this, ops]() mutable { runBatch(ops); });
+    auto work = c10::make_intrusive<FerroceWork>(rank_, c10d::OpType::COALESCED,
+                                                 "ferroce:coalesced", outputs, nullptr,
+                                                 completer_);
+    FerroceWork* w = work.get();
+    work->setBody([this, w, ops]() { startBatch(w, ops); });
+    return enqueueWork(work, c10d::kUnsetTimeout, /*starts=*/true);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
@@ -1117,93 +1109,22 @@ class ProcessGroupFerroce : public c10d::Backend {
     }
   }
 
-  // -- batches of sends and receives ----------------------------------------------------------
+  // -- sends and receives in flight (started on the worker) --------------------------------
 
   // A send or receive of one tensor, and the Work its caller got.
   struct P2p {
     enum Kind { kSend, kRecv } kind;
     at::Tensor tensor;
     int64_t peer;
+    int tag;
     c10::intrusive_ptr<FerroceWork> work;
   };
 
-  c10::intrusive_ptr<c10d::Work> batched(
-      P2p::Kind kind,
-      const std::vector<at::Tensor>& tensors,
-      int peer) {
-    auto work = c10::make_intrusive<FerroceWork>(
-        rank_, kind == P2p::kSend ? c10d::OpType::SEND : c10d::OpType::RECV,
-        kind == P2p::kSend ? "ferroce:send" : "ferroce:recv",
-        kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, [] {}, completer_);
-    for (const auto& t : tensors) {
-      batch_.push_back(P2p{kind, t, peer, work});
-    }
-    if (tensors.empty()) {
-      batch_.push_back(P2p{kind, at::Tensor(), peer, work});
-    }
-    return work;
-  }
-
-  // Runs a batch without deadlock whatever order each rank listed it in: with each peer, the
-  // i-th send and the i-th receive move at once (one sendrecv; the peer pairs the same two,
-  // since its i-th receive from us is our i-th send), and the peers are taken in increasing
-  // rank order. That order is every pair's place in one global order (pairs (a, b), a < b,
-  // sorted), which each rank follows, so the first unfinished exchange always has both ranks
-  // at it. Sends (or receives) to one peer keep their order, as torch requires. Every Work of
-  // the batch completes with the batch.
-  void runBatch(std::vector<P2p>& ops) {
-    std::exception_ptr error;
-    try {
-      std::vector<int64_t> peers;
-      for (const auto& op : ops) {
-        peers.push_back(op.peer);
-      }
-      std::sort(peers.begin(), peers.end());
-      peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-      for (int64_t p : peers) {
-        std::vector<P2p*> sends, recvs;
-        for (auto& op : ops) {
-          if (op.peer == p && op.tensor.defined()) {
-            (op.kind == P2p::kSend ? sends : recvs).push_back(&op);
-          }
-        }
-        for (size_t i = 0; i < std::max(sends.size(), recvs.size()); i++) {
-          at::Tensor out = i < sends.size() ? contiguous(sends[i]->tensor) : at::Tensor();
-          at::Tensor in = i < recvs.size() ? contiguous(recvs[i]->tensor) : at::Tensor();
-          bool s = out.defined() && out.numel() > 0, g = in.defined() && in.numel() > 0;
-          if (s || g) {
-            call(api_->sendrecv(comm_, s ? out.data_ptr() : nullptr, s ? out.nbytes() : 0,
-                                s ? static_cast<size_t>(p) : kNone,
-                                g ? in.data_ptr() : nullptr, g ? in.nbytes() : 0,
-                                g ? static_cast<size_t>(p) : kNone, err_, sizeof err_));
-          }
-          if (in.defined()) {
-            writeBack(recvs[i]->tensor, in);
-          }
-        }
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    // Each Work once (a Work of several tensors has several entries).
-    std::vector<FerroceWork*> done;
-    for (auto& op : ops) {
-      if (std::find(done.begin(), done.end(), op.work.get()) == done.end()) {
-        done.push_back(op.work.get());
-        op.work->complete(error);
-      }
-    }
-    if (error) {
-      std::rethrow_exception(error);
-    }
-  }
-
-  // -- sends and receives in flight (worker only, but for their start on the caller) --------
-
-  // One tensor's send or receive in flight: its Work, the bytes ferroce reads or writes, and
-  // for a receive into a non-contiguous tensor, that tensor (written back at completion).
+  // One tensor's send or receive in flight: the Works it is part of (its own, and a batch's),
+  // the bytes ferroce reads or writes, and for a receive into a non-contiguous tensor, that
+  // tensor (written back at completion).
   struct Started {
-    c10::intrusive_ptr<FerroceWork> work;
+    std::vector<c10::intrusive_ptr<FerroceWork>> works;
     at::Tensor bytes;
     at::Tensor target;
   };
@@ -1212,42 +1133,99 @@ class ProcessGroupFerroce : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> startP2p(
       P2p::Kind kind,
       const std::vector<at::Tensor>& tensors,
-      int peer) {
-    auto work = c10::make_intrusive<FerroceWork>(
+      int peer,
+      int tag) {
+    auto work = p2pWork(kind, tensors);
+    FerroceWork* w = work.get();
+    work->setBody([this, w, kind, tensors, peer, tag]() {
+      w->defer();
+      std::vector<c10::intrusive_ptr<FerroceWork>> works{
+          c10::intrusive_ptr<FerroceWork>::reclaim_copy(w)};
+      for (const auto& t : tensors) {
+        if (!start(kind, t, peer, tag, works)) {
+          return;
+        }
+      }
+      completeIfDone(w);
+    });
+    return enqueueWork(work, c10d::kUnsetTimeout, /*starts=*/true);
+  }
+
+  c10::intrusive_ptr<FerroceWork> p2pWork(P2p::Kind kind, const std::vector<at::Tensor>& tensors) {
+    return c10::make_intrusive<FerroceWork>(
         rank_, kind == P2p::kSend ? c10d::OpType::SEND : c10d::OpType::RECV,
         kind == P2p::kSend ? "ferroce:send" : "ferroce:recv",
         kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, nullptr, completer_);
-    FerroceWork* w = work.get();
-    work->setBody([this, w, kind, tensors, peer]() {
-      if (tensors.empty()) {
-        return; // nothing to start: completes at once
-      }
-      w->defer();
-      for (const auto& t : tensors) {
-        auto c = contiguous(t);
-        uint64_t ticket = 0;
-        int st = kind == P2p::kSend
-            ? api_->start_send(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
-                               &ticket, err_, sizeof err_)
-            : api_->start_recv(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
-                               &ticket, err_, sizeof err_);
-        if (st != kOk) {
-          // Parts started already stay in flight (their bytes held) until they end; the Work
-          // fails now, once.
-          try {
-            call(st);
-          } catch (...) {
-            failWork(w, std::current_exception());
-          }
-          return;
+  }
+
+  // Starts one tensor's send or receive as a part of each of `works`; false (and those Works
+  // failed) if ferroce-coll refused it. Parts started before stay in flight (their bytes held)
+  // until they end.
+  bool start(P2p::Kind kind, const at::Tensor& t, int64_t peer, int tag,
+             const std::vector<c10::intrusive_ptr<FerroceWork>>& works) {
+    auto c = contiguous(t);
+    uint64_t ticket = 0;
+    int st = kind == P2p::kSend
+        ? api_->start_send(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
+                           static_cast<uint32_t>(tag), &ticket, err_, sizeof err_)
+        : api_->start_recv(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
+                           static_cast<uint32_t>(tag), &ticket, err_, sizeof err_);
+    if (st != kOk) {
+      try {
+        call(st);
+      } catch (...) {
+        for (const auto& w : works) {
+          failWork(w.get(), std::current_exception());
         }
-        partsLeft_[w]++;
-        inFlight_[ticket] = Started{
-            c10::intrusive_ptr<FerroceWork>::reclaim_copy(w), c,
-            kind == P2p::kRecv && !c.is_same(t) ? t : at::Tensor()};
       }
-    });
-    return enqueueWork(work, c10d::kUnsetTimeout, /*starts=*/true);
+      return false;
+    }
+    for (const auto& w : works) {
+      partsLeft_[w.get()]++;
+    }
+    inFlight_[ticket] = Started{works, c, kind == P2p::kRecv && !c.is_same(t) ? t : at::Tensor()};
+    return true;
+  }
+
+  // Completes a Work none of whose parts is in flight (it had none, or they all ended).
+  void completeIfDone(FerroceWork* w) {
+    if (partsLeft_.count(w) == 0 && !w->isCompleted()) {
+      w->complete(nullptr);
+    }
+  }
+
+  // -- batches (batch_isend_irecv) -----------------------------------------------------------
+
+  c10::intrusive_ptr<c10d::Work> batched(
+      P2p::Kind kind,
+      const std::vector<at::Tensor>& tensors,
+      int peer,
+      int tag) {
+    auto work = p2pWork(kind, tensors);
+    for (const auto& t : tensors) {
+      batch_.push_back(P2p{kind, t, peer, tag, work});
+    }
+    if (tensors.empty()) {
+      batch_.push_back(P2p{kind, at::Tensor(), peer, tag, work});
+    }
+    return work;
+  }
+
+  // Starts every send and receive of a batch at once, each a part of its own Work and of the
+  // batch's: in flight together, they cannot deadlock whatever order each rank listed them in.
+  // Sends (or receives) to one peer keep their order, as torch requires.
+  void startBatch(FerroceWork* batch, const std::vector<P2p>& ops) {
+    batch->defer();
+    auto whole = c10::intrusive_ptr<FerroceWork>::reclaim_copy(batch);
+    for (const auto& op : ops) {
+      if (op.tensor.defined() && !start(op.kind, op.tensor, op.peer, op.tag, {op.work, whole})) {
+        break;
+      }
+    }
+    for (const auto& op : ops) {
+      completeIfDone(op.work.get());
+    }
+    completeIfDone(batch);
   }
 
   // Moves what is in flight on for up to `waitSeconds`, completing the Works whose parts all
@@ -1266,7 +1244,6 @@ class ProcessGroupFerroce : public c10d::Backend {
       }
       Started s = std::move(it->second);
       inFlight_.erase(it);
-      FerroceWork* w = s.work.get();
       std::exception_ptr error;
       if (s.target.defined()) {
         try {
@@ -1275,13 +1252,14 @@ class ProcessGroupFerroce : public c10d::Backend {
           error = std::current_exception();
         }
       }
-      if (error) {
-        failWork(w, error);
-      }
-      if (--partsLeft_[w] == 0) {
-        partsLeft_.erase(w);
-        if (!w->isCompleted()) {
-          w->complete(nullptr);
+      for (const auto& work : s.works) {
+        FerroceWork* w = work.get();
+        if (error) {
+          failWork(w, error);
+        }
+        if (--partsLeft_[w] == 0) {
+          partsLeft_.erase(w);
+          completeIfDone(w);
         }
       }
     }
@@ -1304,7 +1282,9 @@ class ProcessGroupFerroce : public c10d::Backend {
   // Fails every Work in flight and forgets them (ferroce-coll ended their operations).
   void failInFlight(std::exception_ptr error) {
     for (auto& [ticket, s] : inFlight_) {
-      failWork(s.work.get(), error);
+      for (const auto& w : s.works) {
+        failWork(w.get(), error);
+      }
     }
     inFlight_.clear();
     partsLeft_.clear();
@@ -1330,6 +1310,13 @@ class ProcessGroupFerroce : public c10d::Backend {
       api_->set_timeout(comm_, std::chrono::duration<double>(t).count());
     }
     job.work->execute();
+    if (sync_) {
+      // No worker to move sends and receives on: the caller runs them to their end here,
+      // each call on its own (so a receive posted before its peer's send waits in the call).
+      while (!inFlight_.empty()) {
+        progressInFlight(0.01);
+      }
+    }
   }
 
   // -- calls into ferroce-coll (worker only) ---------------------------------------------
@@ -1450,6 +1437,10 @@ class ProcessGroupFerroce : public c10d::Backend {
 
   void checkRank(int64_t r, const char* what) const {
     TORCH_CHECK_VALUE(r >= 0 && r < size_, "ferroce: ", what, " rank ", r, " of ", size_);
+  }
+
+  static void checkTag(int tag) {
+    TORCH_CHECK_VALUE(tag >= 0, "ferroce: tag ", tag, " (tags are not negative)");
   }
 
   void checkPeer(int r) const {

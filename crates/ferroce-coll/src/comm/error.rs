@@ -31,10 +31,11 @@ pub enum CollError {
         status: WcStatus,
     },
     /// A peer called another collective, or the same one with other sizes, type, operator or
-    /// root.
+    /// root, or sent a message of another length or tag than this rank's receive.
     #[error(
         "rank {rank} called a different collective, or the same one with another size, type, \
-         operator or root (call digest {theirs:#06x}, ours {ours:#06x})"
+         operator or root, or sent another length or tag than received here (call digest \
+         {theirs:#06x}, ours {ours:#06x})"
     )]
     Mismatch {
         /// The peer rank.

@@ -89,6 +89,7 @@ mod transport;
 
 pub use error::CollError;
 pub use options::CommOptions;
+pub(crate) use p2p::p2p_digest;
 pub use p2p::Ticket;
 pub(crate) use phase::{digest, messages, Action, In, Out, Phase, Src};
 

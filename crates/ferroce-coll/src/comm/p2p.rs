@@ -11,7 +11,14 @@
 //! The messages are those of [`sendrecv`](Communicator::sendrecv) (slices of one slot, the same
 //! digest), so a started send meets a blocking receive and the other way round. Sends to one
 //! peer leave in the order they started, and receives from one peer take that peer's sends in
-//! order, as MPI's matching does for one tag. A collective (or any blocking call) first finishes
+//! order, as MPI's matching does for one tag.
+//!
+//! A tag (torch's, MPI's) is part of the digest, with the length and the direction: a receive
+//! meets only a send of its tag, and one whose peer's next send has another fails with
+//! [`CollError::Mismatch`] instead of taking bytes meant for another receive. Receives are not
+//! matched out of order by tag (MPI and gloo do): a message carries no length or tag to be set
+//! aside by, only the 16-bit digest. [`recv_any_tagged`](Communicator::recv_any_tagged) takes
+//! the first send of its tag and length from any rank. A collective (or any blocking call) first finishes
 //! every operation in flight (`finish_in_flight`): their messages went out before its own, and
 //! a link carries one call's messages at a time.
 
@@ -20,6 +27,16 @@ use super::*;
 
 /// A started operation's number, which [`Communicator::progress`] reports when it completes.
 pub type Ticket = u64;
+
+/// The digest of a point-to-point message: its length, its direction and its tag (tag 0 leaves
+/// the tag out, so untagged sends keep the digest they had before tags).
+pub(crate) fn p2p_digest(len: usize, from: usize, to: usize, tag: u32) -> u16 {
+    let parts = [len as u64, from as u64, to as u64, u64::from(tag)];
+    digest(
+        crate::ops::kind::P2P,
+        if tag == 0 { &parts[..3] } else { &parts },
+    )
+}
 
 /// A started send: its source, and how far it got.
 pub(super) struct Sending {
@@ -78,9 +95,9 @@ impl InFlight {
 }
 
 impl Communicator {
-    /// Starts sending `len` bytes at `buf` to rank `peer`, matched by the peer's receive of the
-    /// same length (started or blocking); returns its ticket at once. The send completes in
-    /// [`progress`](Self::progress), which reports its ticket.
+    /// Starts sending `len` bytes at `buf` to rank `peer` with `tag`, matched by the peer's
+    /// receive of the same length and tag (started, or blocking for tag 0); returns its ticket
+    /// at once. The send completes in [`progress`](Self::progress), which reports its ticket.
     ///
     /// # Safety
     /// `buf` is valid for reads of `len` bytes, and nothing writes them, until the ticket is
@@ -91,12 +108,10 @@ impl Communicator {
         buf: *const u8,
         len: usize,
         peer: usize,
+        tag: u32,
     ) -> Result<Ticket, CollError> {
         self.check_p2p_peer(peer)?;
-        let digest = digest(
-            crate::ops::kind::P2P,
-            &[len as u64, self.rank as u64, peer as u64],
-        );
+        let digest = p2p_digest(len, self.rank, peer, tag);
         // SAFETY: the caller's contract covers the region's life (it is dropped when the send
         // completes or the communicator goes).
         let mr = unsafe { self.register(buf, len) }?;
@@ -120,7 +135,8 @@ impl Communicator {
     }
 
     /// Starts receiving `len` bytes from rank `peer` into `buf` (the peer's next send to this
-    /// rank that no earlier receive takes, of the same length); returns its ticket at once.
+    /// rank that no earlier receive takes, which must have the same length and tag); returns
+    /// its ticket at once.
     ///
     /// # Safety
     /// `buf` is valid for writes of `len` bytes, and nothing else reads or writes them, until
@@ -130,6 +146,7 @@ impl Communicator {
         buf: *mut u8,
         len: usize,
         peer: usize,
+        tag: u32,
     ) -> Result<Ticket, CollError> {
         self.check_p2p_peer(peer)?;
         if len > 0 && buf.is_null() {
@@ -139,10 +156,7 @@ impl Communicator {
                 want: 0,
             });
         }
-        let digest = digest(
-            crate::ops::kind::P2P,
-            &[len as u64, peer as u64, self.rank as u64],
-        );
+        let digest = p2p_digest(len, peer, self.rank, tag);
         let ticket = self.in_flight.ticket();
         if len == 0 {
             self.in_flight.completed.push_back(ticket);
@@ -179,6 +193,26 @@ impl Communicator {
         r?;
         let n = max.min(self.in_flight.completed.len());
         Ok(self.in_flight.completed.drain(..n).collect())
+    }
+
+    /// Receives `buf` from `from` with `tag`, blocking (a started receive, run to its end; its
+    /// ticket is not reported).
+    pub(crate) fn recv_tagged(
+        &mut self,
+        buf: &mut [u8],
+        from: usize,
+        tag: u32,
+    ) -> Result<(), CollError> {
+        // SAFETY: `buf` is borrowed mutably until the receive ends below (or the call fails,
+        // which ends it: `abandon_in_flight`).
+        let ticket = unsafe { self.start_recv(buf.as_mut_ptr(), buf.len(), from, tag) }?;
+        self.guarded(|c| {
+            while !c.in_flight.completed.contains(&ticket) {
+                c.progress_for(Duration::from_secs(1))?;
+            }
+            c.in_flight.completed.retain(|&t| t != ticket);
+            Ok(())
+        })
     }
 
     /// Runs every operation in flight to completion (their tickets are reported by the next
