@@ -1,14 +1,16 @@
 """torch.distributed all_reduce of float32 through the "ferroce" and "gloo" backends, in the same
 run, 2 ranks on this host (processes), nccl-tests' bus bandwidth (algbw * 2(n-1)/n, 1e9 B/s):
 
-    python3 python/bench/torch_allreduce.py [MiB ...]    # default: 1 16 64
+    python3 python/bench/torch_allreduce.py [--reps 5] [MiB ...]    # default: 1 16 64
 
 Each size: 3 warm-up calls, then the time of 10 calls, the slower rank's; both backends' results
-are checked against the expected sums first."""
+are checked against the expected sums first. Each repetition runs ferroce and then gloo; the
+table gives the median and range over repetitions of each busbw and of their ratio."""
 
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import sys
 import time
 
@@ -57,12 +59,34 @@ def run(backend, sizes, size=2):
     return got[0]
 
 
+def spread(xs):
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}..{max(xs):.2f})"
+
+
 if __name__ == "__main__":
-    sizes = [int(a) for a in sys.argv[1:]] or [1, 16, 64]
+    args = sys.argv[1:]
+    reps = 5
+    if "--reps" in args:
+        i = args.index("--reps")
+        reps = int(args[i + 1])
+        del args[i:i + 2]
+    sizes = [int(a) for a in args] or [1, 16, 64]
     size = 2
-    rows = {b: run(b, sizes, size) for b in ("ferroce", "gloo")}
-    print(f"{'MiB':>5} {'ferroce ms':>11} {'busbw':>7} {'gloo ms':>9} {'busbw':>7} {'ratio':>6}")
-    for (mib, tf), (_, tg) in zip(rows["ferroce"], rows["gloo"]):
-        bf = mib * (1 << 20) / tf / 1e9 * 2 * (size - 1) / size
-        bg = mib * (1 << 20) / tg / 1e9 * 2 * (size - 1) / size
-        print(f"{mib:>5} {tf * 1e3:>11.2f} {bf:>7.2f} {tg * 1e3:>9.2f} {bg:>7.2f} {bf / bg:>6.2f}")
+    # Repetitions interleave the backends, so each ratio is taken between neighbouring runs.
+    ratios = {m: [] for m in sizes}
+    bus = {(b, m): [] for b in ("ferroce", "gloo") for m in sizes}
+    for rep in range(reps):
+        rows = {b: run(b, sizes, size) for b in ("ferroce", "gloo")}
+        for (mib, tf), (_, tg) in zip(rows["ferroce"], rows["gloo"]):
+            bf = mib * (1 << 20) / tf / 1e9 * 2 * (size - 1) / size
+            bg = mib * (1 << 20) / tg / 1e9 * 2 * (size - 1) / size
+            bus[("ferroce", mib)].append(bf)
+            bus[("gloo", mib)].append(bg)
+            ratios[mib].append(bf / bg)
+            print(f"rep {rep + 1}: {mib} MiB ferroce {bf:.2f} GB/s, gloo {bg:.2f} GB/s, "
+                  f"ratio {bf / bg:.2f}", flush=True)
+    print(f"busbw GB/s, median (min..max) over {reps} repetitions")
+    print(f"{'MiB':>5} {'ferroce':>18} {'gloo':>18} {'ferroce/gloo':>18}")
+    for mib in sizes:
+        print(f"{mib:>5} {spread(bus[('ferroce', mib)]):>18} {spread(bus[('gloo', mib)]):>18} "
+              f"{spread(ratios[mib]):>18}")

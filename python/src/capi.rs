@@ -177,15 +177,17 @@ pub struct CollApi {
         *mut c_char,
         usize,
     ) -> Status,
-    /// progress(comm, wait_seconds, tickets, capacity, &count, err, err_len): moves what was
-    /// started on for up to `wait_seconds` and writes the tickets of those that completed (at
-    /// most `capacity`; the rest come next time). A failure ends every operation in flight.
+    /// progress(comm, wait_seconds, tickets, capacity, &count, &moved, err, err_len): moves
+    /// what was started on for up to `wait_seconds` and writes the tickets of those that
+    /// completed (at most `capacity`; the rest come next time), and whether anything moved. A
+    /// failure (or an abort) ends every operation in flight.
     pub progress: unsafe extern "C" fn(
         *mut Comm,
         f64,
         *mut u64,
         usize,
         *mut usize,
+        *mut u8,
         *mut c_char,
         usize,
     ) -> Status,
@@ -762,30 +764,36 @@ unsafe extern "C" fn start_recv(
 }
 
 /// # Safety
-/// As [`run`]; `tickets` points at `capacity` writable `u64`s and `count` at a writable
-/// `usize`.
+/// As [`run`]; `tickets` points at `capacity` writable `u64`s, `count` at a writable `usize`
+/// and `moved` at a writable byte.
 unsafe extern "C" fn progress(
     comm: *mut Comm,
     wait_seconds: f64,
     tickets: *mut u64,
     capacity: usize,
     count: *mut usize,
+    moved: *mut u8,
     err: *mut c_char,
     err_len: usize,
 ) -> Status {
-    if tickets.is_null() || count.is_null() || capacity == 0 {
+    if tickets.is_null() || count.is_null() || moved.is_null() || capacity == 0 {
         invalid!(err, err_len, "no room for tickets");
     }
     let wait = Duration::try_from_secs_f64(wait_seconds.max(0.0)).unwrap_or(Duration::ZERO);
     // SAFETY: the caller's contract.
-    unsafe { *count = 0 };
+    unsafe {
+        *count = 0;
+        *moved = 0;
+    }
     // SAFETY: passed on.
     unsafe {
         run(comm, err, err_len, |c| {
-            let done = c.progress(wait, capacity)?;
-            // SAFETY: the caller's contract: `capacity` slots, and `done` has at most that.
-            std::ptr::copy_nonoverlapping(done.as_ptr(), tickets, done.len());
-            *count = done.len();
+            let p = c.progress(wait, capacity)?;
+            // SAFETY: the caller's contract: `capacity` slots, and `p.completed` has at most
+            // that; `count` and `moved` writable.
+            std::ptr::copy_nonoverlapping(p.completed.as_ptr(), tickets, p.completed.len());
+            *count = p.completed.len();
+            *moved = u8::from(p.moved);
             Ok(())
         })
     }

@@ -4,8 +4,9 @@ import os
 
 
 def abort(rank, size, port, results):
-    """ProcessGroup.abort() on rank 0 while its all_reduce waits for rank 1 (which joins a
-    second later): the Work fails at once, naming the abort, and rank 1's operations fail at
+    """ProcessGroup.abort() on rank 0 while an irecv is in flight and an all_reduce waits
+    behind it for rank 1 (which joins a second later): both Works fail at once, naming the
+    abort, and rank 1's operations fail at
     once too instead of at the 60 s timeout; destroy_process_group (the backend's shutdown)
     then returns at once on both."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
@@ -25,16 +26,19 @@ def abort(rank, size, port, results):
         dist.barrier()
         t = torch.ones(1000)
         if rank == 0:
+            # A receive in flight (rank 1 never sends) and an all_reduce queued behind it.
+            r = dist.irecv(torch.zeros(10), src=1)
             w = dist.all_reduce(t, async_op=True)
             time.sleep(0.3)
             start = time.monotonic()
             dist.group.WORLD.abort()
-            try:
-                w.wait()
-                bad.append("the all_reduce under way completed after the abort")
-            except Exception as e:  # DistBackendError
-                if "abort" not in str(e):
-                    bad.append(f"the aborted all_reduce failed with {type(e).__name__}: {e}")
+            for what, work in (("irecv", r), ("all_reduce", w)):
+                try:
+                    work.wait()
+                    bad.append(f"the {what} under way completed after the abort")
+                except Exception as e:  # DistBackendError
+                    if "abort" not in str(e):
+                        bad.append(f"the aborted {what} failed with {type(e).__name__}: {e}")
             if time.monotonic() - start > 5:
                 bad.append(f"abort took {time.monotonic() - start:.1f} s")
         else:

@@ -18,8 +18,8 @@ def point_to_point(rank, size, port, results):
     """isend and irecv started in any order and left in flight together: every rank receives
     first and then sends (a blocking send/recv pair would wait for ever), both ways beyond the
     peer's slots, around a ring, into a column view, several to one peer in order, a send
-    not complete before its peer receives, a collective queued behind them, and blocking
-    send/recv still meeting them. Every element is checked."""
+    not complete before its peer receives, a collective queued behind them, tags, and the
+    waiting dist.send/dist.recv meeting them. Every element is checked."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     import time
@@ -81,7 +81,7 @@ def point_to_point(rank, size, port, results):
             got = torch.zeros(n)
             dist.recv(got, src=0)
             if not torch.equal(got, _values(30, n)):
-                bad.append("blocking recv of an isend: wrong values")
+                bad.append("dist.recv of an isend: wrong values")
         x = torch.ones(4)
         dist.all_reduce(x)
         if rank == 0:
@@ -117,14 +117,14 @@ def point_to_point(rank, size, port, results):
                 time.sleep(0.3)
                 dist.send(_values(3, 10), dst=1, tag=3)
 
-        # Blocking send meets irecv.
+        # dist.send (which waits) meets irecv.
         if rank == 0:
             dist.send(_values(40, 1000), dst=1)
         elif rank == 1:
             got = torch.zeros(1000)
             dist.irecv(got, src=0).wait()
             if not torch.equal(got, _values(40, 1000)):
-                bad.append("irecv of a blocking send: wrong values")
+                bad.append("irecv of a dist.send: wrong values")
         dist.barrier()
         dist.destroy_process_group()
     except Exception as err:

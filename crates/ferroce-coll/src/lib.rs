@@ -32,6 +32,6 @@ mod reduce;
 pub mod store;
 mod words;
 
-pub use comm::{AbortHandle, CollError, CommOptions, Communicator, Ticket};
+pub use comm::{AbortHandle, CollError, CommOptions, Communicator, Progress, Ticket};
 pub use reduce::{finish_avg, reduce_into, DataType, ReduceError, ReduceOp};
 pub use store::{RankInfo, RendezvousStats, Store, StoreError};

@@ -56,3 +56,52 @@ fn an_abort_ends_the_call_under_way_and_fails_the_peers() {
         }
     }
 }
+
+/// An abort while a receive is in flight (its peer never sends, and the waiting is between
+/// calls of `progress`, as torch's worker does it): the next `progress` fails with `Aborted`
+/// and leaves nothing in flight, and the peer is told at once.
+#[test]
+fn an_abort_ends_the_operations_in_flight() {
+    let results = with_ranks(
+        2,
+        |_| options(Provider::Udp, Duration::from_secs(20)),
+        |mut comm| -> Result<Duration, String> {
+            let start = Instant::now();
+            if comm.rank() == 0 {
+                let mut into = vec![0u8; 64];
+                // SAFETY: `into` outlives the receive, which the abort ends.
+                let t = unsafe { comm.start_recv(into.as_mut_ptr(), 64, 1, 0) }
+                    .map_err(|e| e.to_string())?;
+                let handle = comm.abort_handle();
+                loop {
+                    if start.elapsed() > Duration::from_millis(200) {
+                        handle.abort();
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    match comm.progress(Duration::ZERO, 8) {
+                        Ok(p) if p.completed.contains(&t) => return Err("completed".into()),
+                        Ok(_) => continue,
+                        Err(CollError::Aborted) => break,
+                        Err(e) => return Err(format!("rank 0: {e}")),
+                    }
+                }
+                if comm.in_flight() != 0 {
+                    return Err("the receive is still in flight after the abort".into());
+                }
+                return Ok(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            let start = Instant::now();
+            let mut v = vec![0u8; 64];
+            match comm.recv(&mut v, 0) {
+                Err(CollError::PeerFailed { rank: 0 })
+                | Err(CollError::Transfer { rank: 0, .. }) => Ok(start.elapsed()),
+                other => Err(format!("rank 1: {other:?}")),
+            }
+        },
+    );
+    for (rank, r) in results.into_iter().enumerate() {
+        let took = r.unwrap();
+        assert!(took < Duration::from_secs(5), "rank {rank}: {took:?}");
+    }
+}

@@ -26,6 +26,7 @@ fn complete(comm: &mut Communicator, want: &[Ticket]) -> Result<(), String> {
         for t in comm
             .progress(Duration::from_millis(5), 3)
             .map_err(|e| e.to_string())?
+            .completed
         {
             if !left.remove(&t) {
                 return Err(format!("ticket {t} reported but not awaited (or twice)"));
@@ -72,8 +73,8 @@ fn receives_started_before_sends_both_ways_finish() {
 }
 
 /// Three sends of different lengths to one peer arrive in the order they started, each into
-/// the receive started in that order; a blocking receive and a blocking send on the other side
-/// meet started ones; an empty send and receive complete at once; and a collective after
+/// the receive started in that order; a blocking receive meets a started send, and a blocking
+/// send a started receive; an empty send and receive complete at once; and a collective after
 /// operations still in flight runs once they are done, which it finishes first.
 #[test]
 fn started_operations_keep_their_order_and_meet_blocking_calls() {
@@ -144,6 +145,13 @@ fn started_operations_keep_their_order_and_meet_blocking_calls() {
                         .map_err(e)?;
                         got.push(v);
                         complete(&mut comm, &[empty, s])?;
+                        // A started receive meets rank 1's blocking send.
+                        let mut into = vec![0u8; 2 * SLOT + 5];
+                        // SAFETY: `into` outlives the receive, finished below.
+                        let r = unsafe { comm.start_recv(into.as_mut_ptr(), into.len(), 1, 0) }
+                            .map_err(e)?;
+                        complete(&mut comm, &[r])?;
+                        got.push(into);
                     }
                 }
                 if comm.rank() != 2 {
@@ -155,6 +163,9 @@ fn started_operations_keep_their_order_and_meet_blocking_calls() {
                     )
                     .map_err(e)?;
                     got.push(v);
+                }
+                if comm.rank() == 1 {
+                    comm.send(&pattern(8, 2 * SLOT + 5), 2).map_err(e)?;
                 }
                 Ok(got)
             },
@@ -172,7 +183,12 @@ fn started_operations_keep_their_order_and_meet_blocking_calls() {
         let r2 = results[2]
             .as_ref()
             .unwrap_or_else(|e| panic!("{provider:?}: {e}"));
-        for r in [r0, r1, r2] {
+        assert_eq!(
+            r2[1],
+            pattern(8, 2 * SLOT + 5),
+            "{provider:?}: a blocking send"
+        );
+        for r in [r0, r1, &r2[..1].to_vec()] {
             assert_eq!(r.last(), Some(&vec![12u8; 8]), "{provider:?}: 2 + 4 + 6");
         }
     }
@@ -196,7 +212,9 @@ fn a_receive_without_its_send_times_out() {
                 .map_err(|e| e.to_string())?;
             loop {
                 match comm.progress(Duration::from_millis(50), 8) {
-                    Ok(done) if done.contains(&t) => return Err("completed without a send".into()),
+                    Ok(p) if p.completed.contains(&t) => {
+                        return Err("completed without a send".into())
+                    }
                     Ok(_) => continue,
                     Err(CollError::Timeout { rank: 1, .. }) => break,
                     Err(e) => return Err(format!("not a timeout: {e}")),

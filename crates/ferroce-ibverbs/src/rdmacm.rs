@@ -2334,22 +2334,31 @@ mod tests {
         let queue = unsafe { super::channel_of(ch) }.unwrap().queue.clone();
         let returned = Arc::new(AtomicBool::new(false));
         let (flag, addr) = (returned.clone(), ch as usize);
-        std::thread::spawn(move || {
-            let mut ev = std::ptr::null_mut();
-            // SAFETY: the channel is live when the call starts (destroyed only once the count
-            // below has woken this wait).
-            let _ = unsafe { super::rdma_get_cm_event(addr as *mut _, &mut ev) };
-            flag.store(true, Ordering::Release);
-        });
-        std::thread::sleep(Duration::from_millis(100));
         {
             // A count whose event is gone by the time the woken thread looks: the queue stays
-            // locked while the program destroys the channel.
+            // locked until the program has destroyed the channel.
             let _q = queue.events.lock().unwrap();
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a local to the channel's eventfd.
             unsafe { libc::write(queue.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::spawn(move || {
+                let mut ev = std::ptr::null_mut();
+                // SAFETY: the channel is live when the call starts: it is destroyed only
+                // once this call took the count, after it entered.
+                let _ = unsafe { super::rdma_get_cm_event(addr as *mut _, &mut ev) };
+                flag.store(true, Ordering::Release);
+            });
+            // The thread took the count (so it is inside the call, past its start) once the
+            // eventfd no longer reads as ready.
+            let mut fd = libc::pollfd {
+                fd: queue.efd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd of ours.
+            while unsafe { libc::poll(&mut fd, 1, 0) } > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             // SAFETY: our channel, destroyed once.
             unsafe { super::rdma_destroy_event_channel(ch) };
         }

@@ -67,7 +67,7 @@ struct CollApi {
   int (*recv_any)(Comm*, void*, size_t, uint32_t, size_t*, char*, size_t);
   int (*start_send)(Comm*, const void*, size_t, size_t, uint32_t, uint64_t*, char*, size_t);
   int (*start_recv)(Comm*, void*, size_t, size_t, uint32_t, uint64_t*, char*, size_t);
-  int (*progress)(Comm*, double, uint64_t*, size_t, size_t*, char*, size_t);
+  int (*progress)(Comm*, double, uint64_t*, size_t, size_t*, uint8_t*, char*, size_t);
   AbortHandle* (*abort_handle)(Comm*);
   void (*abort_raise)(const AbortHandle*);
   void (*abort_free)(AbortHandle*);
@@ -271,9 +271,13 @@ class FerroceWork : public c10d::Work {
   }
 
   void execute() {
+    // The body runs from a local: completing the Work inside it (a failed start) clears
+    // `body_`, which must not destroy the running lambda and what it captured.
+    auto body = std::move(body_);
+    body_ = nullptr;
     std::exception_ptr error;
     try {
-      body_();
+      body();
     } catch (...) {
       error = std::current_exception();
     }
@@ -366,6 +370,13 @@ class ProcessGroupFerroce : public c10d::Backend {
   ~ProcessGroupFerroce() override {
     stopAndFree();
     api_->abort_free(abort_);
+    // The Completer's threads may be in Python callbacks that need the GIL: joined without.
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      completer_.reset();
+    } else {
+      completer_.reset();
+    }
   }
 
   // destroy_process_group: what was queued runs (and what is in flight gets a last moment),
@@ -1029,6 +1040,10 @@ class ProcessGroupFerroce : public c10d::Backend {
     seq_++;
     if (sync_) {
       // FERROCE_TORCH_SYNC=1: in the caller, for comparison.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        TORCH_CHECK(!stop_, "ferroce: the process group is shut down");
+      }
       runJob(Job{work, timeout, starts});
       return work;
     }
@@ -1069,6 +1084,12 @@ class ProcessGroupFerroce : public c10d::Backend {
           while (!inFlight_.empty() && std::chrono::steady_clock::now() < until) {
             progressInFlight(0.01);
           }
+          if (!inFlight_.empty()) {
+            // Ended in ferroce-coll first (the peers told, the QPs stopped), so that no
+            // request reads or writes the bytes this backend is about to let go.
+            api_->abort_raise(abort_);
+            progressInFlight(0.0);
+          }
           try {
             C10_THROW_ERROR(DistBackendError,
                             "ferroce: the process group was destroyed with the send or "
@@ -1080,8 +1101,9 @@ class ProcessGroupFerroce : public c10d::Backend {
         }
         // Spinning while a peer is slow to post its side would take a core from the
         // training thread (gloo's waiting thread sleeps): after 2 ms without a completion, one
-        // turn at a time with sleeps between, which a new operation cuts short.
-        auto idle = std::chrono::steady_clock::now() - lastCompletion_;
+        // turn at a time with sleeps between, which a new operation cuts short (bytes moving
+        // count as progress: a long transfer keeps the fast loop).
+        auto idle = std::chrono::steady_clock::now() - lastProgress_;
         if (idle < std::chrono::milliseconds(2)) {
           progressInFlight(0.001);
         } else {
@@ -1096,7 +1118,7 @@ class ProcessGroupFerroce : public c10d::Backend {
         continue;
       }
       if (job.starts) {
-        lastCompletion_ = std::chrono::steady_clock::now();
+        lastProgress_ = std::chrono::steady_clock::now();
       }
       if (!job.starts) {
         // Whatever was started before the operation finishes first (ferroce-coll would
@@ -1142,7 +1164,7 @@ class ProcessGroupFerroce : public c10d::Backend {
       std::vector<c10::intrusive_ptr<FerroceWork>> works{
           c10::intrusive_ptr<FerroceWork>::reclaim_copy(w)};
       for (const auto& t : tensors) {
-        if (!start(kind, t, peer, tag, works)) {
+        if (start(kind, t, peer, tag, works)) {
           return;
         }
       }
@@ -1158,11 +1180,11 @@ class ProcessGroupFerroce : public c10d::Backend {
         kind == P2p::kRecv ? tensors : std::vector<at::Tensor>{}, nullptr, completer_);
   }
 
-  // Starts one tensor's send or receive as a part of each of `works`; false (and those Works
-  // failed) if ferroce-coll refused it. Parts started before stay in flight (their bytes held)
-  // until they end.
-  bool start(P2p::Kind kind, const at::Tensor& t, int64_t peer, int tag,
-             const std::vector<c10::intrusive_ptr<FerroceWork>>& works) {
+  // Starts one tensor's send or receive as a part of each of `works`; the error (and those
+  // Works failed with it) if ferroce-coll refused it. Parts started before stay in flight
+  // (their bytes held) until they end.
+  std::exception_ptr start(P2p::Kind kind, const at::Tensor& t, int64_t peer, int tag,
+                           const std::vector<c10::intrusive_ptr<FerroceWork>>& works) {
     auto c = contiguous(t);
     uint64_t ticket = 0;
     int st = kind == P2p::kSend
@@ -1171,20 +1193,22 @@ class ProcessGroupFerroce : public c10d::Backend {
         : api_->start_recv(comm_, c.data_ptr(), c.nbytes(), static_cast<size_t>(peer),
                            static_cast<uint32_t>(tag), &ticket, err_, sizeof err_);
     if (st != kOk) {
+      std::exception_ptr error;
       try {
         call(st);
       } catch (...) {
-        for (const auto& w : works) {
-          failWork(w.get(), std::current_exception());
-        }
+        error = std::current_exception();
       }
-      return false;
+      for (const auto& w : works) {
+        failWork(w.get(), error);
+      }
+      return error;
     }
     for (const auto& w : works) {
       partsLeft_[w.get()]++;
     }
     inFlight_[ticket] = Started{works, c, kind == P2p::kRecv && !c.is_same(t) ? t : at::Tensor()};
-    return true;
+    return nullptr;
   }
 
   // Completes a Work none of whose parts is in flight (it had none, or they all ended).
@@ -1214,12 +1238,16 @@ class ProcessGroupFerroce : public c10d::Backend {
   // Starts every send and receive of a batch at once, each a part of its own Work and of the
   // batch's: in flight together, they cannot deadlock whatever order each rank listed them in.
   // Sends (or receives) to one peer keep their order, as torch requires.
+  // A refused start fails the batch and the operations not started yet, with its error.
   void startBatch(FerroceWork* batch, const std::vector<P2p>& ops) {
     batch->defer();
     auto whole = c10::intrusive_ptr<FerroceWork>::reclaim_copy(batch);
+    std::exception_ptr error;
     for (const auto& op : ops) {
-      if (op.tensor.defined() && !start(op.kind, op.tensor, op.peer, op.tag, {op.work, whole})) {
-        break;
+      if (error) {
+        failWork(op.work.get(), error);
+      } else if (op.tensor.defined()) {
+        error = start(op.kind, op.tensor, op.peer, op.tag, {op.work, whole});
       }
     }
     for (const auto& op : ops) {
@@ -1233,9 +1261,10 @@ class ProcessGroupFerroce : public c10d::Backend {
   void progressInFlight(double waitSeconds) {
     uint64_t done[64];
     size_t n = 0;
-    int st = api_->progress(comm_, waitSeconds, done, 64, &n, err_, sizeof err_);
-    if (n > 0) {
-      lastCompletion_ = std::chrono::steady_clock::now();
+    uint8_t moved = 0;
+    int st = api_->progress(comm_, waitSeconds, done, 64, &n, &moved, err_, sizeof err_);
+    if (n > 0 || moved) {
+      lastProgress_ = std::chrono::steady_clock::now();
     }
     for (size_t i = 0; i < n; i++) {
       auto it = inFlight_.find(done[i]);
@@ -1524,7 +1553,12 @@ class ProcessGroupFerroce : public c10d::Backend {
           worker_.join();
         }
       }
-      completer_.reset();
+      // FERROCE_TORCH_SYNC=1: a caller may be in an operation (an abort raised first ends it
+      // soon); the communicator goes once it is out.
+      std::unique_lock<std::mutex> one(syncMutex_, std::defer_lock);
+      if (sync_) {
+        one.lock();
+      }
       api_->free(comm_);
       comm_ = nullptr;
     };
@@ -1564,8 +1598,9 @@ class ProcessGroupFerroce : public c10d::Backend {
   // (worker only; `inFlight_.empty()` is also read under `mutex_` by the worker itself).
   std::unordered_map<uint64_t, Started> inFlight_;
   std::unordered_map<FerroceWork*, size_t> partsLeft_;
-  // When one last completed, or was started (how long the worker has waited for the peers).
-  std::chrono::steady_clock::time_point lastCompletion_;
+  // When something last moved or completed, or was started (how long the worker has waited
+  // for the peers).
+  std::chrono::steady_clock::time_point lastProgress_;
 };
 
 // Makes the backend from the Communicator Python connected (which it takes over) and the

@@ -90,7 +90,7 @@ mod transport;
 pub use error::CollError;
 pub use options::CommOptions;
 pub(crate) use p2p::p2p_digest;
-pub use p2p::Ticket;
+pub use p2p::{Progress, Ticket};
 pub(crate) use phase::{digest, messages, Action, In, Out, Phase, Src};
 
 use std::collections::VecDeque;
@@ -283,15 +283,34 @@ impl Communicator {
         &mut self,
         f: impl FnOnce(&mut Communicator) -> Result<R, CollError>,
     ) -> Result<R, CollError> {
-        self.usable()?;
+        self.ready()?;
         // Operations started before this call go first: a link carries one call's messages
         // at a time.
         let r = self.finish_in_flight().and_then(|()| f(self));
         if let Err(e) = &r {
-            self.abandon_in_flight();
-            self.break_with(e);
+            self.fail(e);
         }
         r
+    }
+
+    /// As [`usable`](Self::usable), and an abort raised since the last call breaks the
+    /// communicator here (peers told, QPs to ERR, operations in flight ended), as a failure
+    /// during a call does.
+    pub(crate) fn ready(&mut self) -> Result<(), CollError> {
+        let r = self.usable();
+        if let Err(e @ CollError::Aborted) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Breaks the communicator with `e` (unless it is broken already) and then ends every
+    /// operation in flight: the QPs are in ERR before the regions of their buffers go.
+    pub(crate) fn fail(&mut self, e: &CollError) {
+        if self.broken.is_none() {
+            self.break_with(e);
+        }
+        self.abandon_in_flight();
     }
 
     /// Tells every peer the collective failed, waits a moment for those messages to leave,
@@ -334,18 +353,15 @@ impl Drop for Communicator {
     /// Closes the links gracefully: a peer still finishing the last collective gets the
     /// credits (and acknowledgements) it waits for before this rank's QPs go away.
     fn drop(&mut self) {
-        if self.in_flight() > 0 {
-            // Operations nobody will finish: the QPs stop reading their buffers (whose
-            // regions go with this communicator) before anything else.
-            for l in self.links.iter().flatten() {
-                l.qp.modify_to_error();
-            }
-            self.abandon_in_flight();
-            self.broken = Some("dropped with operations in flight".into());
-        }
-        if self.broken.is_none() && self.check_abort().is_err() {
+        if self.check_abort().is_err() {
             // Aborted: the peers' calls fail at once, as after any failure.
-            self.break_with(&CollError::Aborted);
+            self.fail(&CollError::Aborted);
+        } else if self.in_flight() > 0 {
+            // Operations nobody will finish: the peers are told, and the QPs stop reading
+            // their buffers (whose regions go with this communicator) before anything else.
+            self.fail(&CollError::Broken(
+                "dropped with sends or receives in flight".into(),
+            ));
         }
         if self.broken.is_none() {
             let _ = self.flush_credits();

@@ -28,6 +28,16 @@ use super::*;
 /// A started operation's number, which [`Communicator::progress`] reports when it completes.
 pub type Ticket = u64;
 
+/// What a call of [`Communicator::progress`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The operations that completed.
+    pub completed: Vec<Ticket>,
+    /// Whether anything moved (bytes posted or taken), completed or not: a caller that waits
+    /// between calls can tell a transfer under way from one that waits for its peer.
+    pub moved: bool,
+}
+
 /// The digest of a point-to-point message: its length, its direction and its tag (tag 0 leaves
 /// the tag out, so untagged sends keep the digest they had before tags).
 pub(crate) fn p2p_digest(len: usize, from: usize, to: usize, tag: u32) -> u16 {
@@ -111,6 +121,13 @@ impl Communicator {
         tag: u32,
     ) -> Result<Ticket, CollError> {
         self.check_p2p_peer(peer)?;
+        if len > 0 && buf.is_null() {
+            return Err(CollError::Size {
+                what: "a send from a null buffer",
+                got: len,
+                want: 0,
+            });
+        }
         let digest = p2p_digest(len, self.rank, peer, tag);
         // SAFETY: the caller's contract covers the region's life (it is dropped when the send
         // completes or the communicator goes).
@@ -181,18 +198,22 @@ impl Communicator {
     /// Moves every started operation on, for up to `wait`, and returns the tickets of those
     /// that completed (at most `max`; the rest come with the next call), as soon as there are
     /// any. Operations that see no progress for the communicator's timeout fail it with
-    /// [`CollError::Timeout`]; a failure breaks the communicator (see the module doc of
-    /// `comm`) and ends every operation in flight, none of which completes.
-    pub fn progress(&mut self, wait: Duration, max: usize) -> Result<Vec<Ticket>, CollError> {
-        self.usable()?;
+    /// [`CollError::Timeout`] (one clock for all of them, which runs between calls too); a
+    /// failure, or an abort, breaks the communicator (see the module doc of `comm`) and ends
+    /// every operation in flight, none of which completes.
+    pub fn progress(&mut self, wait: Duration, max: usize) -> Result<Progress, CollError> {
+        self.ready()?;
+        let moved = self.in_flight.moved;
         let r = self.progress_for(wait);
         if let Err(e) = &r {
-            self.abandon_in_flight();
-            self.break_with(e);
+            self.fail(e);
         }
         r?;
         let n = max.min(self.in_flight.completed.len());
-        Ok(self.in_flight.completed.drain(..n).collect())
+        Ok(Progress {
+            completed: self.in_flight.completed.drain(..n).collect(),
+            moved: self.in_flight.moved != moved,
+        })
     }
 
     /// Receives `buf` from `from` with `tag`, blocking (a started receive, run to its end; its
@@ -237,7 +258,7 @@ impl Communicator {
     }
 
     fn check_p2p_peer(&mut self, peer: usize) -> Result<(), CollError> {
-        self.usable()?;
+        self.ready()?;
         self.check_rank(peer)?;
         if peer == self.rank {
             return Err(CollError::BadRank {
@@ -306,6 +327,9 @@ impl Communicator {
                 }
             }
             if start.elapsed() >= wait {
+                // A caller that comes back now and then (sleeping between calls) gets its
+                // credits out here: no wait in the loop lasts long enough to send them.
+                self.flush_credits()?;
                 return Ok(());
             }
         }
