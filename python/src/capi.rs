@@ -712,9 +712,33 @@ unsafe extern "C" fn recv_any(
     }
 }
 
+/// Checks a start's arguments and runs it, writing its ticket.
+///
 /// # Safety
-/// As [`run`]; `buf` as [`ferroce_coll::Communicator::start_send`] asks; `ticket` points at a
-/// writable `u64`.
+/// As [`run`]; `ticket` points at a writable `u64` (checked non-null here).
+unsafe fn start_with(
+    comm: *mut Comm,
+    null_buffer: bool,
+    len: usize,
+    ticket: *mut u64,
+    err: *mut c_char,
+    err_len: usize,
+    start: impl FnOnce(&mut ferroce_coll::Communicator) -> Result<u64, CollError>,
+) -> Status {
+    if ticket.is_null() || (null_buffer && len > 0) {
+        invalid!(err, err_len, "a null buffer of {len} bytes or ticket");
+    }
+    // SAFETY: passed on; `ticket` checked, writable by the caller's contract.
+    unsafe {
+        run(comm, err, err_len, |c| {
+            *ticket = start(c)?;
+            Ok(())
+        })
+    }
+}
+
+/// # Safety
+/// As [`start_with`]; `buf` as [`ferroce_coll::Communicator::start_send`] asks.
 unsafe extern "C" fn start_send(
     comm: *mut Comm,
     buf: *const c_void,
@@ -725,21 +749,16 @@ unsafe extern "C" fn start_send(
     err: *mut c_char,
     err_len: usize,
 ) -> Status {
-    if ticket.is_null() || (buf.is_null() && len > 0) {
-        invalid!(err, err_len, "a null buffer of {len} bytes or ticket");
-    }
-    // SAFETY: passed on.
+    // SAFETY: the caller's contract, passed on.
     unsafe {
-        run(comm, err, err_len, |c| {
-            // SAFETY: the caller's contract.
-            *ticket = c.start_send(buf.cast(), len, to, tag)?;
-            Ok(())
+        start_with(comm, buf.is_null(), len, ticket, err, err_len, |c| {
+            c.start_send(buf.cast(), len, to, tag)
         })
     }
 }
 
 /// # Safety
-/// As [`start_send`], with `buf` as [`ferroce_coll::Communicator::start_recv`] asks.
+/// As [`start_with`]; `buf` as [`ferroce_coll::Communicator::start_recv`] asks.
 unsafe extern "C" fn start_recv(
     comm: *mut Comm,
     buf: *mut c_void,
@@ -750,15 +769,10 @@ unsafe extern "C" fn start_recv(
     err: *mut c_char,
     err_len: usize,
 ) -> Status {
-    if ticket.is_null() || (buf.is_null() && len > 0) {
-        invalid!(err, err_len, "a null buffer of {len} bytes or ticket");
-    }
-    // SAFETY: passed on.
+    // SAFETY: the caller's contract, passed on.
     unsafe {
-        run(comm, err, err_len, |c| {
-            // SAFETY: the caller's contract.
-            *ticket = c.start_recv(buf.cast(), len, from, tag)?;
-            Ok(())
+        start_with(comm, buf.is_null(), len, ticket, err, err_len, |c| {
+            c.start_recv(buf.cast(), len, from, tag)
         })
     }
 }

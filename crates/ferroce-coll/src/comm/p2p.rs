@@ -92,6 +92,14 @@ pub(super) struct InFlight {
     moved: Option<Instant>,
 }
 
+fn sends(f: &mut InFlight) -> &mut Vec<VecDeque<Sending>> {
+    &mut f.sends
+}
+
+fn recvs(f: &mut InFlight) -> &mut Vec<VecDeque<Receiving>> {
+    &mut f.recvs
+}
+
 impl InFlight {
     fn count(&self) -> usize {
         self.sends.iter().map(VecDeque::len).sum::<usize>()
@@ -284,13 +292,15 @@ impl Communicator {
             let mut progressed = false;
             for p in 0..self.in_flight.sends.len() {
                 if !self.in_flight.sends[p].is_empty() {
-                    progressed |= self.send_turn(p, slice)?;
+                    progressed |=
+                        self.with_queue(sends, p, |c, q| c.send_queue_turn(p, slice, q))?;
                 }
             }
             progressed |= self.poll()?;
             for p in 0..self.in_flight.recvs.len() {
                 if !self.in_flight.recvs[p].is_empty() {
-                    progressed |= self.recv_turn(p, slice)?;
+                    progressed |=
+                        self.with_queue(recvs, p, |c, q| c.recv_queue_turn(p, slice, q))?;
                 }
             }
             if progressed {
@@ -335,15 +345,22 @@ impl Communicator {
         }
     }
 
-    /// Posts what credits allow of the sends to `peer`, in order, and completes those whose
-    /// messages all completed; whether anything happened.
-    fn send_turn(&mut self, peer: usize, slice: usize) -> Result<bool, CollError> {
-        let mut q = std::mem::take(&mut self.in_flight.sends[peer]);
-        let r = self.send_queue_turn(peer, slice, &mut q);
-        self.in_flight.sends[peer] = q;
+    /// Runs `turn` on `peer`'s queue of `queues`, taken out of the communicator meanwhile
+    /// (the turn posts and consumes through `self`).
+    fn with_queue<T>(
+        &mut self,
+        queues: fn(&mut InFlight) -> &mut Vec<VecDeque<T>>,
+        peer: usize,
+        turn: impl FnOnce(&mut Self, &mut VecDeque<T>) -> Result<bool, CollError>,
+    ) -> Result<bool, CollError> {
+        let mut q = std::mem::take(&mut queues(&mut self.in_flight)[peer]);
+        let r = turn(self, &mut q);
+        queues(&mut self.in_flight)[peer] = q;
         r
     }
 
+    /// Posts what credits allow of the sends to `peer`, in order, and completes those whose
+    /// messages all completed; whether anything happened.
     fn send_queue_turn(
         &mut self,
         peer: usize,
@@ -387,13 +404,6 @@ impl Communicator {
 
     /// Copies out what arrived for the receives from `peer`, in order; whether anything
     /// happened.
-    fn recv_turn(&mut self, peer: usize, slice: usize) -> Result<bool, CollError> {
-        let mut q = std::mem::take(&mut self.in_flight.recvs[peer]);
-        let r = self.recv_queue_turn(peer, slice, &mut q);
-        self.in_flight.recvs[peer] = q;
-        r
-    }
-
     fn recv_queue_turn(
         &mut self,
         peer: usize,
