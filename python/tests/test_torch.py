@@ -3,6 +3,7 @@ DistributedDataParallel training the same model from the same seed on "ferroce" 
 with 2 ranks, whose weights must agree after every step. Skipped when torch is not installed,
 except under CI, where that fails (_prereq.py; scripts/test-python.sh installs torch)."""
 
+import inspect
 import multiprocessing as mp
 import os
 import socket
@@ -267,7 +268,17 @@ def test_torchs_own_distributed_suite_passes_on_ferroce_as_on_gloo():
     require_module("expecttest", "scripts/test-python.sh installs it (torch's test utilities)")
     g_ran, g_skipped, g_failed, g_out = run_suite("gloo")
     f_ran, f_skipped, f_failed, f_out = run_suite("ferroce")
+    # The counts, for `pytest -s` (the notes' tables).
+    for name, ran, skipped, failed in (("gloo", g_ran, g_skipped, g_failed),
+                                       ("ferroce", f_ran, f_skipped, f_failed)):
+        print(f"torch {torch.__version__}, {name}: {ran} run, {ran - skipped - len(failed)} "
+              f"passed, {skipped} skipped, failed or erred: {sorted(failed)}")
     assert g_ran == f_ran and g_skipped == f_skipped, (g_ran, g_skipped, f_ran, f_skipped)
     assert g_ran - g_skipped >= 80, f"only {g_ran - g_skipped} of gloo's tests ran"
-    unexplained = f_failed - g_failed - set(SUITE_EXPLAINED)
+    explained = set(SUITE_EXPLAINED)
+    if "only implemented for GLOO" in inspect.getsource(torch.distributed.monitored_barrier):
+        # This torch (2.11, say) refuses monitored_barrier in Python for every backend but
+        # gloo, before any backend is called: its own refusal, not ferroce's.
+        explained |= {t for t in f_failed if t.startswith("test_monitored_barrier")}
+    unexplained = f_failed - g_failed - explained
     assert not unexplained, f"failed on ferroce, not on gloo: {sorted(unexplained)}\n" + f_out[-4000:]

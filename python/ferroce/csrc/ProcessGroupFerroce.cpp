@@ -1440,6 +1440,10 @@ class ProcessGroupFerroce : public c10d::Backend {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
+        // As when a receive times out: the communicator breaks here and now, which tells the
+        // ranks waiting for rank 0's answer (their calls fail at once, not at their timeout).
+        api_->abort_raise(abort_);
+        progressInFlight(0.0);
         C10_THROW_ERROR(
             DistBackendError,
             "Rank 0 timed out in monitoredBarrier after " + ms + " (rank " +
