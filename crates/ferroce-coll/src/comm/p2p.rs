@@ -128,14 +128,7 @@ impl Communicator {
         peer: usize,
         tag: u32,
     ) -> Result<Ticket, CollError> {
-        self.check_p2p_peer(peer)?;
-        if len > 0 && buf.is_null() {
-            return Err(CollError::Size {
-                what: "a send from a null buffer",
-                got: len,
-                want: 0,
-            });
-        }
+        self.check_p2p_start(peer, buf.is_null(), len, "a send from a null buffer")?;
         let digest = p2p_digest(len, self.rank, peer, tag);
         // SAFETY: the caller's contract covers the region's life (it is dropped when the send
         // completes or the communicator goes).
@@ -173,14 +166,7 @@ impl Communicator {
         peer: usize,
         tag: u32,
     ) -> Result<Ticket, CollError> {
-        self.check_p2p_peer(peer)?;
-        if len > 0 && buf.is_null() {
-            return Err(CollError::Size {
-                what: "a receive into a null buffer",
-                got: len,
-                want: 0,
-            });
-        }
+        self.check_p2p_start(peer, buf.is_null(), len, "a receive into a null buffer")?;
         let digest = p2p_digest(len, peer, self.rank, tag);
         let ticket = self.in_flight.ticket();
         if len == 0 {
@@ -265,7 +251,21 @@ impl Communicator {
         self.in_flight.moved = None;
     }
 
-    fn check_p2p_peer(&mut self, peer: usize) -> Result<(), CollError> {
+    /// Checks a start: the communicator usable, `peer` another rank, bytes at a pointer.
+    fn check_p2p_start(
+        &mut self,
+        peer: usize,
+        null: bool,
+        len: usize,
+        what: &'static str,
+    ) -> Result<(), CollError> {
+        if len > 0 && null {
+            return Err(CollError::Size {
+                what,
+                got: len,
+                want: 0,
+            });
+        }
         self.ready()?;
         self.check_rank(peer)?;
         if peer == self.rank {
