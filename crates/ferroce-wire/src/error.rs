@@ -61,6 +61,10 @@ pub enum WireError {
     /// A value does not fit its field (a QPN or PSN over 24 bits, a pad over 3).
     #[error("{0} does not fit its field")]
     FieldOverflow(&'static str),
+    /// A management datagram that is not what its reader takes: another class or class
+    /// version, an unknown attribute, a method other than Send.
+    #[error("not a CM MAD: {0}")]
+    NotCm(&'static str),
 }
 
 impl WireError {
