@@ -97,6 +97,7 @@ macro_rules! does_nothing {
 pub mod abi;
 mod cq;
 mod device;
+mod gsi;
 mod mr;
 mod qp;
 mod rdmacm;

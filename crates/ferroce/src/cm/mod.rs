@@ -82,6 +82,7 @@
 
 mod endpoint;
 mod error;
+pub mod ib;
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

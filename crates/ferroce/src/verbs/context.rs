@@ -322,6 +322,11 @@ impl ContextShared {
         self.ud_qp_count.store(m.len(), Ordering::Release);
     }
 
+    pub(crate) fn ud_qp_exists(&self, qpn: u32) -> bool {
+        let m = self.ud_qps.read().unwrap_or_else(|e| e.into_inner());
+        m.contains_key(&qpn)
+    }
+
     pub(crate) fn remove_ud_qp(&self, qpn: u32) {
         let mut m = self.ud_qps.write().unwrap_or_else(|e| e.into_inner());
         m.remove(&qpn);

@@ -59,12 +59,35 @@ impl ProtectionDomain {
     /// Creates an unreliable datagram QP in the RESET state (`attr`'s CQs, capacities and
     /// shared receive queue as for an RC QP).
     pub fn create_ud_qp(&self, attr: &QpInitAttr<'_>) -> Result<UdQueuePair> {
+        self.create_ud_qp_numbered(attr, None)
+    }
+
+    /// Creates QP1, the general services interface QP through which connection management
+    /// MADs come and go (a UD QP numbered 1; set its Q_Key to
+    /// [`ferroce_wire::deth::GSI_QKEY`]). A context has at most one: a second fails. Only a
+    /// context on the standard port 4791 (or host slot 0) can be reached as QP1 by a peer
+    /// on another host, since RoCE v2 peers send every packet to 4791.
+    pub fn create_gsi_qp(&self, attr: &QpInitAttr<'_>) -> Result<UdQueuePair> {
+        self.create_ud_qp_numbered(attr, Some(1))
+    }
+
+    fn create_ud_qp_numbered(
+        &self,
+        attr: &QpInitAttr<'_>,
+        qpn: Option<u32>,
+    ) -> Result<UdQueuePair> {
         let shared = &self.ctx.shared;
         if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx)
         {
             return Err(Error::Mismatch("a completion queue"));
         }
-        let qpn = shared.allocate_qpn()?;
+        let qpn = match qpn {
+            Some(n) if shared.ud_qp_exists(n) => {
+                return Err(Error::InvalidArgument(format!("QP{n} exists already")))
+            }
+            Some(n) => n,
+            None => shared.allocate_qpn()?,
+        };
         let socket = QpSocket::open(shared.local.ip(), shared.udp.tos)?;
         let ud = Arc::new(UdShared::new(
             qpn,

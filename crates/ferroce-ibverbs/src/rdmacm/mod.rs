@@ -33,6 +33,8 @@ use std::time::Duration;
 use crate::abi::*;
 use crate::{guard, set_errno};
 
+mod wire;
+
 /// `RAI_*` of `<rdma/rdma_cma.h>` (macros bindgen cannot see).
 const RAI_PASSIVE: c_int = 1;
 const RAI_NUMERICHOST: c_int = 2;
@@ -132,6 +134,8 @@ struct Device {
 
 // SAFETY: the context is only used through libibverbs calls, which are thread-safe.
 unsafe impl Send for Device {}
+// SAFETY: as above: a copyable handle whose only use is libibverbs' thread-safe calls.
+unsafe impl Sync for Device {}
 
 static CONTEXTS: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
 
@@ -567,6 +571,9 @@ struct IdShared {
     /// The peer's ECE, from its REQ (a passive id) or REP (an active one); vendor 0 if it sent
     /// none (`rdma_get_remote_ece`).
     remote_ece: Mutex<Ece>,
+    /// A connection through IB CM on the wire (instead of `stream`): its manager (a leaked
+    /// [`wire::WireCm`], by address) and connection.
+    wire: Mutex<Option<(usize, ferroce::cm::ib::ConnId)>>,
 }
 
 /// The peer's side of a connection, as its REQ or REP said.
@@ -610,6 +617,8 @@ struct CmId {
     /// is made with in `rdma_get_request`.
     ep_qp: Option<(usize, ibv_qp_init_attr)>,
     path: Box<ibv_sa_path_rec>,
+    /// The services a listening id takes REQs for on the wire, and on which managers.
+    wire_listens: Vec<(&'static wire::WireCm, u64)>,
 }
 
 /// # Safety
@@ -653,6 +662,7 @@ fn new_id(
             qp: Mutex::new(0),
             queue,
             remote_ece: Mutex::new(Ece::default()),
+            wire: Mutex::new(None),
         }),
         device: None,
         listener: None,
@@ -666,6 +676,7 @@ fn new_id(
         owns_channel: false,
         ep_qp: None,
         path: Box::default(),
+        wire_listens: Vec::new(),
     }))
 }
 
@@ -873,6 +884,12 @@ unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             .take()
         {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some((cm, conn)) = wire::of_id(&b.shared) {
+            cm.release(conn);
+        }
+        for (cm, service) in &b.wire_listens {
+            cm.unlisten(*service);
         }
         if let Some(l) = &b.listener {
             // Stops listening now, so the port may be bound again at once (the accepting
@@ -1446,15 +1463,49 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
             set_errno(libc::EINVAL);
             return -1;
         };
+        let params = Params::from(&p);
+        let mode = wire::mode();
+        let on_wire = match mode {
+            wire::Mode::Tcp => None,
+            // A peer on this host is a ferroce process, which the TCP exchange finds in any
+            // host slot; QP1 of an address is only the one of slot 0.
+            wire::Mode::Auto if is_local(dst.ip()) => None,
+            _ => {
+                let src = source_port_of(i);
+                wire::request_params(i.c.ps, src, dst, i.c.qp, &local, &params, &private)
+            }
+        };
         let req = connect_message(i, &local, &p, false, private, Some(local.ece));
-        let p = Params::from(&p);
+        let p = params;
         let shared = i.shared.clone();
         let id_addr = id as usize;
         std::thread::spawn(move || {
             let id = id_addr as *mut rdma_cm_id;
             let fail = |kind, status| shared.post(event(id, kind, status));
+            // IB CM on the wire: at once, or when no ferroce listener answers over TCP.
+            let go_wire = |on_wire: Option<ferroce::cm::ib::ConnectParams>| {
+                let src_ip = local_ip_of(&on_wire);
+                let cm = on_wire
+                    .as_ref()
+                    .and(src_ip)
+                    .and_then(|ip| wire::manager(local.device, ip));
+                match (cm, on_wire) {
+                    (Some(cm), Some(req)) => {
+                        if cm.connect(shared.clone(), id_addr, local, p, req).is_none() {
+                            fail(RDMA_CM_EVENT_UNREACHABLE, -libc::ENETUNREACH);
+                        }
+                    }
+                    _ => fail(RDMA_CM_EVENT_UNREACHABLE, -libc::ENETUNREACH),
+                }
+            };
+            if mode == wire::Mode::Ib {
+                return go_wire(on_wire);
+            }
             let (mut s, answer) = match request(dst, req) {
                 Ok(r) => r,
+                // No ferroce peer answers over TCP (nothing listens, or not ferroce's protocol):
+                // a kernel's rdma_cm may, on the wire.
+                Err(_) if mode == wire::Mode::Auto && on_wire.is_some() => return go_wire(on_wire),
                 Err((kind, status)) => return fail(kind, status),
             };
             match answer {
@@ -1511,6 +1562,40 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
         // SAFETY: our live id.
         unsafe { wait_sync(id, RDMA_CM_EVENT_ESTABLISHED) }
     })
+}
+
+/// The id's source address, with a port: one picked now from the ephemeral range if it has
+/// none (an address resolved for `rdma_connect`), as the kernel binds one, so that the IP
+/// header of the REQ names it and `rdma_get_src_port` reports it.
+fn source_port_of(i: &mut CmId) -> SocketAddr {
+    let src = src_addr(i).unwrap_or(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+    if src.port() != 0 {
+        return src;
+    }
+    let with_port = SocketAddr::new(src.ip(), 32768 + (random_psn() % 28232) as u16);
+    // SAFETY: the storage arm covers the whole union.
+    write_sockaddr(
+        unsafe { &mut i.c.route.addr.__bindgen_anon_1.src_storage },
+        with_port,
+    );
+    with_port
+}
+
+/// Whether `ip` is an address of this host.
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback()
+        || ferroce::devices()
+            .unwrap_or_default()
+            .iter()
+            .any(|d| d.gids().iter().any(|g| g.ip == ip))
+}
+
+/// The local IP a REQ's IP header names.
+fn local_ip_of(req: &Option<ferroce::cm::ib::ConnectParams>) -> Option<IpAddr> {
+    let r = req.as_ref()?;
+    ferroce::cm::ib::ip::IpHeader::parse(&r.private_data)
+        .ok()
+        .map(|h| h.src.ip())
 }
 
 /// Sends the REQ `req` to `dst` on a new connection; the connection and the peer's answer, or
@@ -1572,13 +1657,14 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
             return -1;
         };
         let shared = i.shared.clone();
-        let (listen_id, channel, context, ps, sync) = (
-            id as usize,
-            i.c.channel as usize,
-            i.c.context as usize,
-            i.c.ps,
-            i.sync,
-        );
+        let listen = ListenOf {
+            id: id as usize,
+            channel: i.c.channel as usize,
+            context: i.c.context as usize,
+            ps: i.c.ps,
+            sync: i.sync,
+        };
+        listen_on_wire(i, listen);
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if !shared.alive.load(Ordering::Acquire) {
@@ -1607,52 +1693,111 @@ unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int 
                     );
                     continue;
                 };
-                // A synchronous listener's requests become synchronous ids, each with a channel
-                // of its own; the request itself is reported on the listener's.
-                let child = if sync {
-                    match new_sync_id(context as *mut c_void, ps) {
-                        Some(c) => c,
-                        None => continue,
-                    }
-                } else {
-                    new_id(
-                        channel as *mut rdma_event_channel,
-                        shared.queue.clone(),
-                        context as *mut c_void,
-                        ps,
-                    )
-                };
-                // SAFETY: just made, not yet handed out.
-                let c = unsafe { &mut *child };
-                set_route(c, dev, local, Some(remote));
-                c.c.route.path_rec = &mut *c.path;
-                c.c.route.num_paths = 1;
-                *c.shared
-                    .remote_ece
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = peer.ece.unwrap_or_default();
-                c.request = Some(peer.clone());
-                *c.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
-                let mut e = event(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
-                e.c.listen_id = listen_id as *mut rdma_cm_id;
-                e.private = private;
-                // What the requester serves and asks, from this side's view.
-                e.c.param.conn.responder_resources = peer.initiator_depth;
-                e.c.param.conn.initiator_depth = peer.responder_resources;
-                e.c.param.conn.retry_count = peer.retry_count;
-                e.c.param.conn.rnr_retry_count = peer.rnr_retry_count;
-                e.c.param.conn.qp_num = peer.qpn;
-                // A listening id destroyed meanwhile takes no event: the new id is dropped.
-                if shared.alive.load(Ordering::Acquire) {
-                    shared.post(e);
-                } else {
-                    // SAFETY: never handed out.
-                    drop(unsafe { Box::from_raw(child) });
-                }
+                post_request(&listen, &shared, dev, (local, remote), peer, private, |c| {
+                    *c.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+                });
             }
         });
         0
     })
+}
+
+/// Takes REQs on the wire for a listening id's service too (unless `FERROCE_RDMA_CM=tcp`):
+/// on its device, or, bound to any address, on every device.
+fn listen_on_wire(i: &mut CmId, listen: ListenOf) {
+    let Some(bound) = src_addr(i) else { return };
+    if wire::mode() == wire::Mode::Tcp {
+        return;
+    }
+    let targets: Vec<(Device, IpAddr)> = match i.device {
+        Some(dev) => vec![(dev, bound.ip())],
+        None => ferroce::devices()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| {
+                let ip = d
+                    .gids()
+                    .iter()
+                    .map(|g| g.ip)
+                    .find(|ip| ip.is_ipv4() == bound.is_ipv4())?;
+                Some((device_for(ip)?, ip))
+            })
+            .collect(),
+    };
+    let service = ferroce::cm::ib::ip::service_id(i.c.ps as u16, bound.port());
+    for (dev, ip) in targets {
+        if let Some(cm) = wire::manager(dev, ip) {
+            if cm.listen(service, i.shared.clone(), listen, bound.ip()) {
+                i.wire_listens.push((cm, service));
+            }
+        }
+    }
+}
+
+/// What a listening id's requests are made from, copied so that a thread may keep it.
+#[derive(Clone, Copy)]
+struct ListenOf {
+    id: usize,
+    channel: usize,
+    context: usize,
+    ps: rdma_port_space,
+    sync: bool,
+}
+
+/// Makes the id of a request to the listener `listen` (whose shared part is `shared`) between
+/// `addrs` (local, remote) on `dev`, lets `prepare` tie it to its connection, and reports it
+/// as `CONNECT_REQUEST` with the requester's `private` data. A synchronous listener's requests
+/// become synchronous ids, each with a channel of its own; the request itself is reported on
+/// the listener's. Returns the new id, or `None` when none was made or the listener is gone
+/// (then the id is dropped and nothing is reported).
+fn post_request(
+    listen: &ListenOf,
+    shared: &Arc<IdShared>,
+    dev: Device,
+    addrs: (SocketAddr, SocketAddr),
+    peer: Peer,
+    private: Vec<u8>,
+    prepare: impl FnOnce(&mut CmId),
+) -> Option<*mut CmId> {
+    let child = if listen.sync {
+        new_sync_id(listen.context as *mut c_void, listen.ps)?
+    } else {
+        new_id(
+            listen.channel as *mut rdma_event_channel,
+            shared.queue.clone(),
+            listen.context as *mut c_void,
+            listen.ps,
+        )
+    };
+    // SAFETY: just made, not yet handed out.
+    let c = unsafe { &mut *child };
+    set_route(c, dev, addrs.0, Some(addrs.1));
+    c.c.route.path_rec = &mut *c.path;
+    c.c.route.num_paths = 1;
+    *c.shared
+        .remote_ece
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = peer.ece.unwrap_or_default();
+    let mut e = event(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+    e.c.listen_id = listen.id as *mut rdma_cm_id;
+    e.private = private;
+    // What the requester serves and asks, from this side's view.
+    e.c.param.conn.responder_resources = peer.initiator_depth;
+    e.c.param.conn.initiator_depth = peer.responder_resources;
+    e.c.param.conn.retry_count = peer.retry_count;
+    e.c.param.conn.rnr_retry_count = peer.rnr_retry_count;
+    e.c.param.conn.qp_num = peer.qpn;
+    c.request = Some(peer);
+    prepare(c);
+    // A listening id destroyed meanwhile takes no event: the new id is dropped.
+    if shared.alive.load(Ordering::Acquire) {
+        shared.post(e);
+        Some(child)
+    } else {
+        // SAFETY: never handed out.
+        drop(unsafe { Box::from_raw(child) });
+        None
+    }
 }
 
 /// Acknowledges the request event `rdma_get_request` kept on a synchronous id for the program
@@ -1703,6 +1848,33 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
         let ece = peer
             .ece
             .map(|_| verbs().map_or(Ece::default(), |v| ece_in_force(v, i.c.qp)));
+        if let Some((cm, conn)) = wire::of_id(&i.shared) {
+            // SAFETY: the program's private data.
+            let private = unsafe { private_of(&p) };
+            // SAFETY: the id's live QP (connected above).
+            let (qpn, srq) = unsafe { ((*i.c.qp).qp_num, !(*i.c.qp).srq.is_null()) };
+            let ece = ece.unwrap_or_default();
+            let rep = ferroce::cm::ib::AcceptParams {
+                qpn,
+                starting_psn: local.psn,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                rnr_retry_count: p.rnr_retry_count.min(7),
+                srq,
+                ece: (ece.vendor_id & 0x00ff_ffff, ece.options),
+                private_data: private,
+            };
+            if rep.private_data.len() > ferroce_wire::cm::private_len::REP {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            if !cm.accept(conn, rep) {
+                set_errno(libc::ECONNRESET);
+                return -1;
+            }
+            // SAFETY: our live id.
+            return unsafe { wait_sync(id, RDMA_CM_EVENT_ESTABLISHED) };
+        }
         // SAFETY: the program's private data.
         let rep = connect_message(i, &local, &p, true, unsafe { private_of(&p) }, ece);
         let stream = i
@@ -1754,9 +1926,12 @@ unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private: *const c_void, le
             ..Default::default()
         };
         // SAFETY: the program's private data.
-        let rej = Message::Reject {
-            private: unsafe { private_of(&p) },
-        };
+        let private = unsafe { private_of(&p) };
+        if let Some((cm, conn)) = wire::of_id(&i.shared) {
+            cm.reject(conn, &private);
+            return 0;
+        }
+        let rej = Message::Reject { private };
         if let Some(s) = i
             .shared
             .stream
@@ -1781,6 +1956,13 @@ unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             return -1;
         };
         move_qp_to_error(i.c.qp);
+        if let Some((cm, conn)) = wire::of_id(&i.shared) {
+            if !cm.disconnect(conn) {
+                set_errno(libc::ENOTCONN);
+                return -1;
+            }
+            return 0;
+        }
         let stream = i
             .shared
             .stream

@@ -1,0 +1,538 @@
+//! rdma_cm over IB CM on the wire: how this librdmacm connects with the Linux kernel's rdma_cm
+//! (rxe, RDMA NICs) in both roles.
+//!
+//! Each device an id uses gets one connection manager ([`ferroce::cm::ib`]: the protocol, its
+//! retries and duplicates) on QP1 of the device's context, which `libibverbs.so.1` lends this
+//! library through its `ferroce_gsi_*` calls (see that crate's `gsi` module). The manager's
+//! events become the ids' rdma_cm events here:
+//!
+//! | IB CM | rdma_cm event |
+//! |---|---|
+//! | a REQ for a service an id listens on | `CONNECT_REQUEST` on a new id, with the private data after rdma_cm's IP header (56 bytes) |
+//! | the REP to an id's REQ | the QP to RTR and RTS, the RTU sent, `ESTABLISHED` with the REP's private data (196 bytes) |
+//! | the RTU to an id's REP | `ESTABLISHED` |
+//! | a REJ | `REJECTED`, its reason as the status (8: no one listens; 28: the consumer's), its private data |
+//! | no answer after every retry | `UNREACHABLE`, status `-ETIMEDOUT` |
+//! | a DREQ, or the DREP to this side's DREQ (or its timeout) | `DISCONNECTED` |
+//!
+//! A service ID is rdma_cm's: the port space and the port ([`ferroce::cm::ib::ip`]). The
+//! managers live as long as the process (the kernel's CM lives as long as the machine): they
+//! are made on first use and never freed, so an event that comes after its id is gone finds
+//! no route and is dropped, never a dangling id.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use ferroce::cm::ib::ip::{self, IpHeader, IP_HEADER_LEN};
+use ferroce::cm::ib::{AcceptParams, CmAgent, CmEvent, CmManager, ConnId, ConnectParams, MadPort};
+use ferroce_wire::cm::rej_reason;
+use ferroce_wire::mad::MAD_LEN;
+
+use super::*;
+
+type GsiOpenFn = unsafe extern "C" fn(*mut ibv_context) -> *mut c_void;
+type GsiSendFn = unsafe extern "C" fn(*mut c_void, *const u8, *const u8) -> c_int;
+type GsiRecvFn = unsafe extern "C" fn(*mut c_void, c_int, *mut u8, *mut u8) -> c_int;
+type GsiCloseFn = unsafe extern "C" fn(*mut c_void);
+
+/// QP1 of a context, through `libibverbs.so.1`'s `ferroce_gsi_*` calls.
+struct CGsi {
+    port: *mut c_void,
+    send: GsiSendFn,
+    recv: GsiRecvFn,
+    close: GsiCloseFn,
+}
+
+// SAFETY: the port is a `ferroce::cm::ib::GsiPort`, whose send and receive take `&self` and are
+// thread-safe (the QP's calls lock; receives are serialised by the port's own lock).
+unsafe impl Send for CGsi {}
+// SAFETY: as above.
+unsafe impl Sync for CGsi {}
+
+impl CGsi {
+    fn open(ctx: *mut ibv_context) -> Option<CGsi> {
+        let find = |name: &CStr| {
+            // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the loaded objects.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            (!p.is_null()).then_some(p)
+        };
+        // SAFETY: each symbol is libibverbs' (ferroce's) function of that name, with the C
+        // signature of the type it is read as (see its `gsi` module).
+        let (open, send, recv, close) = unsafe {
+            (
+                std::mem::transmute::<*mut c_void, GsiOpenFn>(find(c"ferroce_gsi_open")?),
+                std::mem::transmute::<*mut c_void, GsiSendFn>(find(c"ferroce_gsi_send")?),
+                std::mem::transmute::<*mut c_void, GsiRecvFn>(find(c"ferroce_gsi_recv")?),
+                std::mem::transmute::<*mut c_void, GsiCloseFn>(find(c"ferroce_gsi_close")?),
+            )
+        };
+        // SAFETY: a live context of this process's libibverbs, never closed (contexts here are
+        // opened once and kept).
+        let port = unsafe { open(ctx) };
+        (!port.is_null()).then_some(CGsi {
+            port,
+            send,
+            recv,
+            close,
+        })
+    }
+}
+
+impl MadPort for CGsi {
+    fn send(&self, dest_gid: [u8; 16], mad: &[u8; MAD_LEN]) -> std::io::Result<()> {
+        // SAFETY: our open port; 16 and 256 readable bytes.
+        match unsafe { (self.send)(self.port, dest_gid.as_ptr(), mad.as_ptr()) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+
+    fn recv(&self, timeout: Duration) -> std::io::Result<Option<([u8; 16], Vec<u8>)>> {
+        let mut gid = [0u8; 16];
+        let mut mad = vec![0u8; MAD_LEN];
+        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
+        // SAFETY: our open port; 16 and 256 writable bytes.
+        match unsafe { (self.recv)(self.port, ms, gid.as_mut_ptr(), mad.as_mut_ptr()) } {
+            1 => Ok(Some((gid, mad))),
+            0 => Ok(None),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+}
+
+impl Drop for CGsi {
+    fn drop(&mut self) {
+        // SAFETY: our port, closed once.
+        unsafe { (self.close)(self.port) };
+    }
+}
+
+/// An id's connection, as the manager's events find it.
+struct Route {
+    shared: Arc<IdShared>,
+    id: usize,
+    /// The active side's QP parameters and the passive side's IP, for its RTR and RTS when
+    /// the REP comes.
+    active: Option<(Local, Params, IpAddr)>,
+}
+
+/// A listening id, as a REQ for its service finds it.
+struct Listen {
+    shared: Arc<IdShared>,
+    of: ListenOf,
+    /// The address it is bound to (an unspecified IP takes any of the device's).
+    bound: IpAddr,
+}
+
+/// The connection manager of one device.
+pub(super) struct WireCm {
+    agent: OnceLock<CmAgent>,
+    dev: Device,
+    routes: Mutex<HashMap<ConnId, Route>>,
+    listens: Mutex<HashMap<u64, Listen>>,
+}
+
+/// One manager per context (and so per device: contexts are opened once per device).
+static MANAGERS: Mutex<Vec<(usize, &'static WireCm)>> = Mutex::new(Vec::new());
+
+/// The manager of `dev` (whose RoCE address is `ip`), started on first use; `None` when QP1
+/// cannot be had (a context of another library, or none).
+pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
+    let mut all = MANAGERS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = all.iter().find(|(c, _)| *c == dev.ctx as usize) {
+        return Some(m);
+    }
+    let port = CGsi::open(dev.ctx)?;
+    let gid = ip::gid_of(ip);
+    // A CA GUID of this address: stable, and distinct between hosts, which the kernel's CM
+    // uses (with the QPN) to tell connections apart.
+    let guid =
+        0x0200_0000_0000_0000 | u64::from_be_bytes(gid[8..16].try_into().ok()?) & 0xffff_ffff_ffff;
+    let cm: &'static WireCm = Box::leak(Box::new(WireCm {
+        agent: OnceLock::new(),
+        dev,
+        routes: Mutex::new(HashMap::new()),
+        listens: Mutex::new(HashMap::new()),
+    }));
+    let manager = CmManager::new(gid, guid, random_psn() << 8 | 1);
+    let agent = CmAgent::start(manager, Box::new(port), Box::new(move |e| cm.on_event(e))).ok()?;
+    let _ = cm.agent.set(agent);
+    all.push((dev.ctx as usize, cm));
+    Some(cm)
+}
+
+/// How `rdma_connect` reaches the passive side (`FERROCE_RDMA_CM`): `auto` (the default)
+/// tries ferroce's TCP exchange first, which finds a ferroce listener in any host slot, and,
+/// toward another host, IB CM on the wire when nothing answers it (a kernel's rdma_cm); `ib`
+/// goes on the wire at once; `tcp` never does (and a listener takes no REQs from the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Auto,
+    Ib,
+    Tcp,
+}
+
+pub(super) fn mode() -> Mode {
+    match std::env::var("FERROCE_RDMA_CM").as_deref() {
+        Ok("ib") => Mode::Ib,
+        Ok("tcp") => Mode::Tcp,
+        _ => Mode::Auto,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl WireCm {
+    fn agent(&self) -> Option<&CmAgent> {
+        self.agent.get()
+    }
+
+    /// Takes REQs for `service_id` to `bound` for the listening id.
+    pub(super) fn listen(
+        &self,
+        service_id: u64,
+        shared: Arc<IdShared>,
+        of: ListenOf,
+        bound: IpAddr,
+    ) -> bool {
+        let Some(agent) = self.agent() else {
+            return false;
+        };
+        if agent.command(|m, _| m.listen(service_id)).is_err() {
+            return false;
+        }
+        lock(&self.listens).insert(service_id, Listen { shared, of, bound });
+        true
+    }
+
+    /// Stops taking REQs for `service_id`.
+    pub(super) fn unlisten(&self, service_id: u64) {
+        lock(&self.listens).remove(&service_id);
+        if let Some(agent) = self.agent() {
+            agent.command(|m, _| m.unlisten(service_id));
+        }
+    }
+
+    /// Sends the REQ of an active id; its events follow.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn connect(
+        &self,
+        shared: Arc<IdShared>,
+        id: usize,
+        local: Local,
+        params: Params,
+        req: ConnectParams,
+    ) -> Option<ConnId> {
+        let agent = self.agent()?;
+        // The route is in place before the REQ leaves, so the REP cannot come first.
+        let mut routes = lock(&self.routes);
+        let peer_ip = ip::ip_of_gid(req.dest_gid);
+        let conn = agent.command(|m, now| m.connect(now, req)).ok()?;
+        let active = Some((local, params, peer_ip));
+        routes.insert(
+            conn,
+            Route {
+                shared: shared.clone(),
+                id,
+                active,
+            },
+        );
+        drop(routes);
+        *lock(&shared.wire) = Some((self as *const WireCm as usize, conn));
+        Some(conn)
+    }
+
+    /// Answers a request with a REP.
+    pub(super) fn accept(&self, conn: ConnId, p: AcceptParams) -> bool {
+        self.agent()
+            .is_some_and(|a| a.command(|m, now| m.accept(now, conn, p)).is_ok())
+    }
+
+    /// Rejects a request (the consumer's reason, 28).
+    pub(super) fn reject(&self, conn: ConnId, private: &[u8]) {
+        lock(&self.routes).remove(&conn);
+        if let Some(a) = self.agent() {
+            let _ = a.command(|m, _| m.reject(conn, rej_reason::CONSUMER_DEFINED, private));
+        }
+    }
+
+    /// Sends a DREQ (or abandons a connection being set up); `DISCONNECTED` follows.
+    pub(super) fn disconnect(&self, conn: ConnId) -> bool {
+        self.agent()
+            .is_some_and(|a| a.command(|m, now| m.disconnect(now, conn, &[])).is_ok())
+    }
+
+    /// The id is gone: no more events for it; a connection still up is disconnected, as the
+    /// kernel's `ib_destroy_cm_id` does.
+    pub(super) fn release(&self, conn: ConnId) {
+        lock(&self.routes).remove(&conn);
+        if let Some(a) = self.agent() {
+            let _ = a.command(|m, now| m.disconnect(now, conn, &[]));
+        }
+    }
+
+    fn route(&self, conn: ConnId, remove: bool) -> Option<Route> {
+        let mut routes = lock(&self.routes);
+        if remove {
+            routes.remove(&conn)
+        } else {
+            routes.get(&conn).map(|r| Route {
+                shared: r.shared.clone(),
+                id: r.id,
+                active: r.active,
+            })
+        }
+    }
+
+    fn on_event(&'static self, e: CmEvent) {
+        let Some(agent) = self.agent() else { return };
+        match e {
+            CmEvent::Request {
+                conn,
+                from_gid,
+                req,
+                ece_options,
+            } => {
+                if !self.on_request(conn, from_gid, &req, ece_options) {
+                    let _ =
+                        agent.command(|m, _| m.reject(conn, rej_reason::INVALID_SERVICE_ID, &[]));
+                }
+            }
+            CmEvent::Reply {
+                conn,
+                rep,
+                ece_options,
+            } => {
+                let Some(r) = self.route(conn, false) else {
+                    let _ = agent.command(|m, _| m.reject(conn, rej_reason::TIMEOUT, &[]));
+                    return;
+                };
+                let Some((local, params, peer_ip)) = r.active else {
+                    return;
+                };
+                let peer = Peer {
+                    qpn: rep.local_qpn,
+                    psn: rep.starting_psn,
+                    gid: ip::gid_of(peer_ip),
+                    mtu: local.device.mtu as u8,
+                    responder_resources: rep.responder_resources,
+                    initiator_depth: rep.initiator_depth,
+                    retry_count: params.retry_count,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    ece: (rep.vendor_id != 0).then_some(Ece {
+                        vendor_id: vendor_from_wire(rep.vendor_id),
+                        options: ece_options,
+                    }),
+                };
+                let remote = peer.ece.unwrap_or_default();
+                *lock(&r.shared.remote_ece) = remote;
+                let connected = {
+                    let qp = lock(&r.shared.qp);
+                    if !r.shared.alive.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let qp = *qp as *mut ibv_qp;
+                    if let (false, Some(v)) = (qp.is_null(), verbs()) {
+                        set_peer_ece(v, qp, local.ece, remote);
+                    }
+                    connect_qp(qp, &local, &peer, &params)
+                };
+                let id = r.id as *mut rdma_cm_id;
+                if let Err(rc) = connected {
+                    self.route(conn, true);
+                    let _ = agent.command(|m, _| m.reject(conn, rej_reason::NO_RESOURCES, &[]));
+                    r.shared.post(event(id, RDMA_CM_EVENT_CONNECT_ERROR, -rc));
+                    return;
+                }
+                let _ = agent.command(|m, _| m.ready_to_use(conn, &[]));
+                let mut e = event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+                e.private = rep.private_data.clone();
+                e.c.param.conn.responder_resources = rep.initiator_depth;
+                e.c.param.conn.initiator_depth = rep.responder_resources;
+                e.c.param.conn.qp_num = rep.local_qpn;
+                r.shared.post(e);
+            }
+            CmEvent::Established { conn } => {
+                if let Some(r) = self.route(conn, false) {
+                    r.shared
+                        .post(event(r.id as *mut rdma_cm_id, RDMA_CM_EVENT_ESTABLISHED, 0));
+                }
+            }
+            CmEvent::Rejected {
+                conn,
+                reason,
+                private_data,
+            } => {
+                if let Some(r) = self.route(conn, true) {
+                    let mut e = event(
+                        r.id as *mut rdma_cm_id,
+                        RDMA_CM_EVENT_REJECTED,
+                        c_int::from(reason),
+                    );
+                    e.private = private_data;
+                    *lock(&r.shared.wire) = None;
+                    r.shared.post(e);
+                }
+            }
+            CmEvent::Unreachable { conn } => {
+                if let Some(r) = self.route(conn, true) {
+                    *lock(&r.shared.wire) = None;
+                    r.shared.post(event(
+                        r.id as *mut rdma_cm_id,
+                        RDMA_CM_EVENT_UNREACHABLE,
+                        -libc::ETIMEDOUT,
+                    ));
+                }
+            }
+            CmEvent::Disconnected { conn } => {
+                if let Some(r) = self.route(conn, true) {
+                    r.shared.post(event(
+                        r.id as *mut rdma_cm_id,
+                        RDMA_CM_EVENT_DISCONNECTED,
+                        0,
+                    ));
+                }
+            }
+            CmEvent::ServiceRequest {
+                request,
+                from_gid,
+                req,
+            } => {
+                // No UD service is served over SIDR yet: "service ID not supported".
+                let answer = ferroce_wire::cm::SidrRep {
+                    request_id: request,
+                    status: 1,
+                    service_id: req.service_id,
+                    ..Default::default()
+                };
+                let _ = agent
+                    .command(|m, now| m.answer_service(now, from_gid, u64::from(request), answer));
+            }
+            CmEvent::ServiceReply { .. } => {}
+        }
+    }
+
+    /// A REQ for a listened service: a new id reported to the listener. `false` when the
+    /// REQ is not for this listener (another address) or its IP header is unreadable.
+    fn on_request(
+        &'static self,
+        conn: ConnId,
+        from_gid: [u8; 16],
+        req: &ferroce_wire::cm::Req,
+        ece: u32,
+    ) -> bool {
+        let Ok(header) = IpHeader::parse(&req.private_data) else {
+            return false;
+        };
+        let listens = lock(&self.listens);
+        let Some(l) = listens.get(&req.service_id) else {
+            return false;
+        };
+        if !l.bound.is_unspecified() && l.bound != header.dst {
+            return false;
+        }
+        let port = ip::service_port(req.service_id).map_or(0, |p| p.1);
+        let peer = Peer {
+            qpn: req.local_qpn,
+            psn: req.starting_psn,
+            gid: from_gid,
+            mtu: req.path_mtu,
+            responder_resources: req.responder_resources,
+            initiator_depth: req.initiator_depth,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            ece: (req.vendor_id != 0).then_some(Ece {
+                vendor_id: vendor_from_wire(req.vendor_id),
+                options: ece,
+            }),
+        };
+        let (shared, of) = (l.shared.clone(), l.of);
+        drop(listens);
+        let local = SocketAddr::new(header.dst, port);
+        let private = req.private_data[IP_HEADER_LEN..].to_vec();
+        let me = self as *const WireCm as usize;
+        let mut routes = lock(&self.routes);
+        let child = post_request(
+            &of,
+            &shared,
+            self.dev,
+            (local, header.src),
+            peer,
+            private,
+            |c| {
+                *lock(&c.shared.wire) = Some((me, conn));
+            },
+        );
+        if let Some(child) = child {
+            // SAFETY: the id just made; its shared part outlives this call.
+            let s = unsafe { (*child).shared.clone() };
+            routes.insert(
+                conn,
+                Route {
+                    shared: s,
+                    id: child as usize,
+                    active: None,
+                },
+            );
+        }
+        true
+    }
+}
+
+/// IB CM carries a 24-bit ECE vendor ID; ferroce's is 32 bits ("FRCE"), so its low 24 bits
+/// on the wire stand for it.
+fn vendor_from_wire(v: u32) -> u32 {
+    if v == crate::qp::ECE_VENDOR_ID & 0x00ff_ffff {
+        crate::qp::ECE_VENDOR_ID
+    } else {
+        v
+    }
+}
+
+/// The manager an id's `wire` field names.
+pub(super) fn of_id(shared: &IdShared) -> Option<(&'static WireCm, ConnId)> {
+    let w = (*lock(&shared.wire))?;
+    // SAFETY: managers are leaked boxes, never freed; the address is one of them.
+    Some((unsafe { &*(w.0 as *const WireCm) }, w.1))
+}
+
+/// rdma_cm's REQ for an active id: its QP, the service of `dst`'s port, the IP header and
+/// the program's private data after it.
+pub(super) fn request_params(
+    ps: rdma_port_space,
+    src: SocketAddr,
+    dst: SocketAddr,
+    qp: *mut ibv_qp,
+    local: &Local,
+    p: &Params,
+    private: &[u8],
+) -> Option<ConnectParams> {
+    if qp.is_null() {
+        return None;
+    }
+    let header = IpHeader { src, dst: dst.ip() };
+    let mut data = header.to_bytes().to_vec();
+    data.extend_from_slice(private);
+    // SAFETY: the id's live QP (the caller holds the id).
+    let (qpn, srq) = unsafe { ((*qp).qp_num, !(*qp).srq.is_null()) };
+    Some(ConnectParams {
+        dest_gid: ip::gid_of(dst.ip()),
+        service_id: ip::service_id(ps as u16, dst.port()),
+        qpn,
+        starting_psn: local.psn,
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        retry_count: p.retry_count.min(7),
+        rnr_retry_count: p.rnr_retry_count.min(7),
+        path_mtu: local.device.mtu as u8,
+        transport_type: 0,
+        srq,
+        ece: (local.ece.vendor_id & 0x00ff_ffff, local.ece.options),
+        private_data: data,
+    })
+}
