@@ -255,7 +255,7 @@ unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
             ..ferroce::ContextOptions::default()
         };
         let selective_repeat = opts.selective_repeat;
-        let ctx = match d.inner.open(&opts) {
+        let ctx = match shared_context(&d.inner, &opts) {
             Ok(c) => c,
             Err(e) => {
                 set_errno(errno_of(&e));
@@ -341,9 +341,51 @@ unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> libc::c_int {
             }
             eprint!("{text}");
         }
+        release_context(&c.ctx, c.gid_index);
         drop(c);
         0
     })
+}
+
+/// The ferroce contexts this process has open, per device and GID, with how many
+/// `ibv_context`s hold each.
+static OPEN: std::sync::Mutex<Vec<(String, usize, ferroce::Context, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The ferroce context behind a new `ibv_context`: the one this process has open on the device
+/// already, if any. A NIC port has one address however many contexts a process opens, and
+/// peers on other hosts (rxe, NICs) send every packet to UDP port 4791: so every context of a
+/// process on one device shares one RoCE socket (its host slot), its QPs and QP1 (the
+/// connection manager's) reachable there. Two contexts of their own would take two slots, and
+/// whatever a program made in the second (librdmacm's QPs, when the program opened the device
+/// itself too, as perftest `-R` does) would be unreachable from another host.
+fn shared_context(
+    dev: &ferroce::Device,
+    opts: &ferroce::ContextOptions,
+) -> ferroce::Result<ferroce::Context> {
+    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = open
+        .iter_mut()
+        .find(|e| e.0 == dev.name() && e.1 == opts.gid_index)
+    {
+        e.3 += 1;
+        return Ok(e.2.clone());
+    }
+    let ctx = dev.open(opts)?;
+    open.push((dev.name().to_string(), opts.gid_index, ctx.clone(), 1));
+    Ok(ctx)
+}
+
+/// One `ibv_context` fewer on `ctx`: the last one closes it.
+fn release_context(ctx: &ferroce::Context, gid_index: usize) {
+    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    let name = ctx.device().name().to_string();
+    if let Some(i) = open.iter().position(|e| e.0 == name && e.1 == gid_index) {
+        open[i].3 -= 1;
+        if open[i].3 == 0 {
+            open.remove(i);
+        }
+    }
 }
 
 /// The largest queue, SGE list and so on ferroce accepts, reported as the device's limits.

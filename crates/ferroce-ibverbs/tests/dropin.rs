@@ -583,14 +583,19 @@ fn ip(args: &[&str]) {
     assert!(o.status.success(), "ip {args:?}: {}", text(&o));
 }
 
-/// Two hosts: namespaces joined by a veth pair, 10.77.0.1 and 10.77.0.2.
-struct TwoHosts;
+/// Two hosts: namespaces joined by a veth pair, 10.77.0.1 and 10.77.0.2. One pair at a time
+/// (the tests that make it take turns).
+struct TwoHosts {
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
 
 const NS_A: &str = "ferroce-ibv-a";
 const NS_B: &str = "ferroce-ibv-b";
 
 impl TwoHosts {
     fn new() -> TwoHosts {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let turn = ONE.lock().unwrap_or_else(|e| e.into_inner());
         let _ = Command::new("ip").args(["netns", "del", NS_A]).output();
         let _ = Command::new("ip").args(["netns", "del", NS_B]).output();
         ip(&["netns", "add", NS_A]);
@@ -607,7 +612,7 @@ impl TwoHosts {
             ip(&["-n", ns, "link", "set", dev, "up"]);
             ip(&["-n", ns, "link", "set", "lo", "up"]);
         }
-        TwoHosts
+        TwoHosts { _turn: turn }
     }
 
     fn run(&self, ns: &str, program: &str) -> Command {
@@ -757,6 +762,139 @@ fn ibv_rc_pingpong_and_perftest_between_two_namespace_hosts() {
             );
         }
     }
+}
+
+/// rdma_cm through IB CM on the wire (`FERROCE_RDMA_CM=ib`: REQ, REP, RTU, DREQ and DREP as
+/// MADs to QP1, no TCP), between two hosts: rping (every byte checked) and ucmatose (two
+/// connections at once), and a REQ for a port nobody listens on rejected as the kernel does
+/// (status 8, invalid service ID), by the manager of the other host's process.
+#[test]
+fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
+    assert!(
+        is_root(),
+        "this test makes network namespaces: run it as root (CI does)"
+    );
+    let hosts = TwoHosts::new();
+    let wire = |ns: &str, program: &str, args: &[&str]| {
+        let mut c = hosts.run(ns, program);
+        c.env("FERROCE_RDMA_CM", "ib").args(args);
+        c
+    };
+    let serve = |mut c: Command, port: u16| {
+        let mut s = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_listening_in(NS_A, port, &mut s);
+        s
+    };
+    let rping = |role: &str, port: &str| {
+        let a = [
+            "-a",
+            "10.77.0.1",
+            "-p",
+            port,
+            "-C",
+            "20",
+            "-S",
+            "4096",
+            "-V",
+        ];
+        wire(
+            if role == "-s" { NS_A } else { NS_B },
+            "rping",
+            &[&[role][..], &a].concat(),
+        )
+    };
+    // A REQ to a port nobody listens on, while the other host's process listens on another.
+    let server = serve(rping("-s", "19013"), 19013);
+    let refused = rping("-c", "19012").output().unwrap();
+    let rt = text(&refused);
+    assert!(
+        !refused.status.success()
+            && rt.contains("RDMA_CM_EVENT_REJECTED")
+            && rt.contains("error 8"),
+        "a REQ for no listener is rejected with status 8:\n{rt}"
+    );
+    let c = rping("-c", "19013").output().unwrap();
+    let s = wait_with_timeout(server, Duration::from_secs(60));
+    assert!(
+        s.status.success() && c.status.success(),
+        "rping\nserver:\n{}\nclient:\n{}",
+        text(&s),
+        text(&c)
+    );
+    let server = serve(
+        wire(
+            NS_A,
+            "ucmatose",
+            &["-b", "10.77.0.1", "-p", "19014", "-c", "2", "-C", "10"],
+        ),
+        19014,
+    );
+    let c = wire(
+        NS_B,
+        "ucmatose",
+        &["-s", "10.77.0.1", "-p", "19014", "-c", "2", "-C", "10"],
+    )
+    .output()
+    .unwrap();
+    let s = wait_with_timeout(server, Duration::from_secs(60));
+    let (st, ct) = (text(&s), text(&c));
+    assert!(
+        s.status.success()
+            && c.status.success()
+            && st.contains("return status 0")
+            && ct.contains("return status 0"),
+        "ucmatose\nserver:\n{st}\nclient:\n{ct}"
+    );
+    // perftest -R opens the device itself and through librdmacm: both contexts are one RoCE
+    // socket, so the QP librdmacm made is the one the other host reaches.
+    let server = serve(
+        wire(
+            NS_A,
+            "ib_send_bw",
+            &[
+                "-R",
+                "-d",
+                "ferroce_fib-a",
+                "-x",
+                "0",
+                "-F",
+                "-n",
+                "100",
+                "-p",
+                "19015",
+            ],
+        ),
+        19015,
+    );
+    let c = wire(
+        NS_B,
+        "ib_send_bw",
+        &[
+            "-R",
+            "-d",
+            "ferroce_fib-b",
+            "-x",
+            "0",
+            "-F",
+            "-n",
+            "100",
+            "-p",
+            "19015",
+            "10.77.0.1",
+        ],
+    )
+    .output()
+    .unwrap();
+    let s = wait_with_timeout(server, Duration::from_secs(60));
+    let (st, ct) = (text(&s), text(&c));
+    assert!(
+        s.status.success() && c.status.success() && result_rows(&ct) >= 1,
+        "ib_send_bw -R\nserver:\n{st}\nclient:\n{ct}"
+    );
 }
 
 /// librdmacm: perftest's `-R` (connection by rdma_cm), rdmacm-utils' synchronous and

@@ -234,7 +234,9 @@ pub struct Req {
     pub transport_type: u8,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// The sender's first PSN (24 bits).
+    /// Starting PSN (24 bits). Linux's CM fills it with the PSN the sender's QP expects to
+    /// receive first, from which the receiver sends (`rping_rdmacm.pcap`: the passive side
+    /// sends from the REQ's, the active side from the REP's).
     pub starting_psn: u32,
     /// How long the sender takes to answer (5 bits).
     pub local_cm_response_timeout: u8,
@@ -277,7 +279,7 @@ pub struct Rep {
     pub vendor_id: u32,
     /// The sender's EE context (RD only).
     pub local_eecn: u32,
-    /// The sender's first PSN (24 bits).
+    /// Starting PSN (24 bits): as in [`Req::starting_psn`], the one the sender expects first.
     pub starting_psn: u32,
     /// READ/atomic requests the sender will serve at once.
     pub responder_resources: u8,

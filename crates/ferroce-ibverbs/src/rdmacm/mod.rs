@@ -1271,6 +1271,11 @@ fn ece_in_force(v: &Verbs, qp: *mut ibv_qp) -> Ece {
     e.into()
 }
 
+/// The deepest READ/atomic queue a ferroce QP serves or keeps: a request that asks for more
+/// (the kernel's rdma_cm asks for its device's maximum, 128 on rxe, when the program passes no
+/// parameters) gets this, as librdmacm caps the request's values by the device's.
+const MAX_DEPTH: u8 = ferroce_proto::attr::MAX_RD_ATOMIC;
+
 /// Brings `qp` to RTR and RTS toward `peer`.
 fn connect_qp(qp: *mut ibv_qp, local: &Local, peer: &Peer, mine: &Params) -> Result<(), c_int> {
     let v = verbs().ok_or(libc::ENOSYS)?;
@@ -1292,7 +1297,7 @@ fn connect_qp(qp: *mut ibv_qp, local: &Local, peer: &Peer, mine: &Params) -> Res
         path_mtu: (dev.mtu).min(ibv_mtu::from(peer.mtu)).max(IBV_MTU_256),
         dest_qp_num: peer.qpn,
         rq_psn: peer.psn,
-        max_dest_rd_atomic: mine.responder_resources.max(1),
+        max_dest_rd_atomic: mine.responder_resources.clamp(1, MAX_DEPTH),
         min_rnr_timer: 12,
         ah_attr: ah,
         ..Default::default()
@@ -1309,7 +1314,10 @@ fn connect_qp(qp: *mut ibv_qp, local: &Local, peer: &Peer, mine: &Params) -> Res
         timeout: local.ack_timeout,
         retry_cnt: mine.retry_count.min(7),
         rnr_retry: mine.rnr_retry_count.min(7),
-        max_rd_atomic: mine.initiator_depth.min(peer.responder_resources).max(1),
+        max_rd_atomic: mine
+            .initiator_depth
+            .min(peer.responder_resources)
+            .clamp(1, MAX_DEPTH),
         ..Default::default()
     };
     let mask = crate::qp::RTS_NEEDS;
@@ -1829,8 +1837,8 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
         let p = unsafe { param.as_ref() }
             .copied()
             .unwrap_or(rdma_conn_param {
-                responder_resources: peer.initiator_depth,
-                initiator_depth: peer.responder_resources,
+                responder_resources: peer.initiator_depth.min(MAX_DEPTH),
+                initiator_depth: peer.responder_resources.min(MAX_DEPTH),
                 retry_count: 7,
                 rnr_retry_count: 7,
                 ..Default::default()
@@ -1839,7 +1847,15 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
             set_errno(libc::EINVAL);
             return -1;
         };
-        if let Err(rc) = connect_qp(i.c.qp, &local, &peer, &Params::from(&p)) {
+        // On the wire each side's starting PSN is the one it expects to receive (see
+        // `wire::swap_psns`); ferroce's TCP exchange names the one each sends.
+        let on_wire = wire::of_id(&i.shared).is_some();
+        let (mine, theirs) = if on_wire {
+            wire::swap_psns(local, peer.clone())
+        } else {
+            (local, peer.clone())
+        };
+        if let Err(rc) = connect_qp(i.c.qp, &mine, &theirs, &Params::from(&p)) {
             set_errno(rc);
             return -1;
         }
@@ -1857,8 +1873,8 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
             let rep = ferroce::cm::ib::AcceptParams {
                 qpn,
                 starting_psn: local.psn,
-                responder_resources: p.responder_resources,
-                initiator_depth: p.initiator_depth,
+                responder_resources: p.responder_resources.clamp(1, MAX_DEPTH),
+                initiator_depth: p.initiator_depth.clamp(1, MAX_DEPTH),
                 rnr_retry_count: p.rnr_retry_count.min(7),
                 srq,
                 ece: (ece.vendor_id & 0x00ff_ffff, ece.options),

@@ -329,6 +329,7 @@ impl WireCm {
                         options: ece_options,
                     }),
                 };
+                let (local, peer) = swap_psns(local, peer);
                 let remote = peer.ece.unwrap_or_default();
                 *lock(&r.shared.remote_ece) = remote;
                 let connected = {
@@ -484,6 +485,16 @@ impl WireCm {
     }
 }
 
+/// The PSNs of a connection made on the wire, as `connect_qp` takes them (`local.psn` its send
+/// PSN, `peer.psn` its receive PSN): the kernel's CM has each side's REQ or REP carry the PSN
+/// that side expects to *receive* (in `rping_rdmacm.pcap` the passive side sends from the
+/// REQ's starting PSN and the active side from the REP's), so the PSN an id advertised is its
+/// receive PSN and the peer's is its send PSN.
+pub(super) fn swap_psns(mut local: Local, mut peer: Peer) -> (Local, Peer) {
+    std::mem::swap(&mut local.psn, &mut peer.psn);
+    (local, peer)
+}
+
 /// IB CM carries a 24-bit ECE vendor ID; ferroce's is 32 bits ("FRCE"), so its low 24 bits
 /// on the wire stand for it.
 fn vendor_from_wire(v: u32) -> u32 {
@@ -525,8 +536,8 @@ pub(super) fn request_params(
         service_id: ip::service_id(ps as u16, dst.port()),
         qpn,
         starting_psn: local.psn,
-        responder_resources: p.responder_resources,
-        initiator_depth: p.initiator_depth,
+        responder_resources: p.responder_resources.clamp(1, MAX_DEPTH),
+        initiator_depth: p.initiator_depth.clamp(1, MAX_DEPTH),
         retry_count: p.retry_count.min(7),
         rnr_retry_count: p.rnr_retry_count.min(7),
         path_mtu: local.device.mtu as u8,

@@ -76,7 +76,8 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The local QP's number.
     pub qpn: u32,
-    /// The local QP's first PSN.
+    /// The PSN the local QP expects to receive first: the peer sends from it (the kernel's
+    /// CM, which this follows, has each side name its receive PSN; see `rping_rdmacm.pcap`).
     pub starting_psn: u32,
     /// READ/atomic requests the local QP serves at once.
     pub responder_resources: u8,
@@ -103,7 +104,7 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// The local QP's number.
     pub qpn: u32,
-    /// The local QP's first PSN.
+    /// The PSN the local QP expects to receive first (as in [`ConnectParams`]).
     pub starting_psn: u32,
     /// READ/atomic requests the local QP serves at once.
     pub responder_resources: u8,
