@@ -407,6 +407,10 @@ check "rdmacm_rdma_server_rdma_client_host_client" cm_client cm_rsc_c "rdma_serv
   $CM rdma_client -s $G
 check "rdmacm_rdma_server_rdma_client_host_server" cm_server cm_rsc_s 7471 "rdma_client -s $H" \
   $CM rdma_server -s $H
+# udaddy: UD QPs resolved by SIDR (SIDR_REQ, SIDR_REP), then datagrams each way.
+udaddy_ok() { grep -q "return status 0" "$OUT/$1.out" && grep -q "return status 0" "$OUT/$1.rxe"; }
+check "rdmacm_udaddy_sidr_host_client" eval 'cm_client cm_ud_c "udaddy -b $G" $CM udaddy -s $G && udaddy_ok cm_ud_c'
+check "rdmacm_udaddy_sidr_host_server" eval 'cm_server cm_ud_s 7174 "udaddy -s $H" $CM udaddy -b $H && udaddy_ok cm_ud_s'
 dropin_cm_pt() {
   local role=$1 t=$2 opts=$3 tag=cm_pt_$1_$2
   if [ "$role" = client ]; then
@@ -554,6 +558,6 @@ PY
 fi
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-expected=65
+expected=67
 [ -n "${LIVE_ONLY:-}" ] && expected=$((pass + ${#failed[@]}))
 summarize "$expected" "$secs"

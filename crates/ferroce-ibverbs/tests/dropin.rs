@@ -849,6 +849,18 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
             && ct.contains("return status 0"),
         "ucmatose\nserver:\n{st}\nclient:\n{ct}"
     );
+    // udaddy: UD QPs resolved by SIDR, then datagrams each way.
+    let server = serve(wire(NS_A, "udaddy", &["-b", "10.77.0.1"]), 7174);
+    let c = wire(NS_B, "udaddy", &["-s", "10.77.0.1"]).output().unwrap();
+    let s = wait_with_timeout(server, Duration::from_secs(60));
+    let (st, ct) = (text(&s), text(&c));
+    assert!(
+        s.status.success()
+            && c.status.success()
+            && st.contains("return status 0")
+            && ct.contains("data transfers complete"),
+        "udaddy\nserver:\n{st}\nclient:\n{ct}"
+    );
     // perftest -R opens the device itself and through librdmacm: both contexts are one RoCE
     // socket, so the QP librdmacm made is the one the other host reaches.
     let server = serve(

@@ -653,7 +653,12 @@ fn new_id(
             channel,
             context,
             ps,
-            qp_type: IBV_QPT_RC,
+            // rdma_cm's UDP port space is UD QPs (resolved by SIDR); TCP's is RC.
+            qp_type: if ps == RDMA_PS_UDP {
+                IBV_QPT_UD
+            } else {
+                IBV_QPT_RC
+            },
             ..Default::default()
         },
         shared: Arc::new(IdShared {
@@ -820,7 +825,7 @@ unsafe extern "C" fn rdma_create_id(
             set_errno(libc::EINVAL);
             return -1;
         }
-        if ps != RDMA_PS_TCP {
+        if ps != RDMA_PS_TCP && ps != RDMA_PS_UDP {
             set_errno(libc::EOPNOTSUPP);
             return -1;
         }
@@ -1066,18 +1071,22 @@ unsafe extern "C" fn rdma_create_qp(
             release_cqs(i, v);
             return -1;
         }
-        let mut init = ibv_qp_attr {
-            qp_state: IBV_QPS_INIT,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: IBV_ACCESS_REMOTE_READ
-                | IBV_ACCESS_REMOTE_WRITE
-                | IBV_ACCESS_REMOTE_ATOMIC,
-            ..Default::default()
+        let rc = if a.qp_type == IBV_QPT_UD {
+            ready_ud_qp(v, qp)
+        } else {
+            let mut init = ibv_qp_attr {
+                qp_state: IBV_QPS_INIT,
+                pkey_index: 0,
+                port_num: 1,
+                qp_access_flags: IBV_ACCESS_REMOTE_READ
+                    | IBV_ACCESS_REMOTE_WRITE
+                    | IBV_ACCESS_REMOTE_ATOMIC,
+                ..Default::default()
+            };
+            let mask = crate::qp::INIT_NEEDS;
+            // SAFETY: the QP just created.
+            unsafe { (v.modify_qp)(qp, &mut init, mask as c_int) }
         };
-        let mask = crate::qp::INIT_NEEDS;
-        // SAFETY: the QP just created.
-        let rc = unsafe { (v.modify_qp)(qp, &mut init, mask as c_int) };
         if rc != 0 {
             // SAFETY: destroyed once, never handed out.
             unsafe { (v.destroy_qp)(qp) };
@@ -1096,6 +1105,44 @@ unsafe extern "C" fn rdma_create_qp(
 }
 
 /// Destroys the CQs and channels `rdma_create_qp` made for the id, if it made them.
+/// A UD QP of rdma_cm's UDP port space is ready to send as soon as it is made, as librdmacm
+/// makes it: INIT with rdma_cm's Q_Key (`RDMA_UDP_QKEY`), RTR, RTS.
+fn ready_ud_qp(v: &Verbs, qp: *mut ibv_qp) -> c_int {
+    let steps = [
+        (
+            ibv_qp_attr {
+                qp_state: IBV_QPS_INIT,
+                port_num: 1,
+                qkey: RDMA_UDP_QKEY,
+                ..Default::default()
+            },
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+        ),
+        (
+            ibv_qp_attr {
+                qp_state: IBV_QPS_RTR,
+                ..Default::default()
+            },
+            IBV_QP_STATE,
+        ),
+        (
+            ibv_qp_attr {
+                qp_state: IBV_QPS_RTS,
+                ..Default::default()
+            },
+            IBV_QP_STATE | IBV_QP_SQ_PSN,
+        ),
+    ];
+    for (mut attr, mask) in steps {
+        // SAFETY: the QP the caller just created.
+        let rc = unsafe { (v.modify_qp)(qp, &mut attr, mask as c_int) };
+        if rc != 0 {
+            return rc;
+        }
+    }
+    0
+}
+
 fn release_cqs(i: &mut CmId, v: &Verbs) {
     if !i.owns_cqs {
         return;
@@ -1462,6 +1509,9 @@ unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_par
             });
         // SAFETY: the program's private data.
         let private = unsafe { private_of(&p) };
+        if i.c.ps == RDMA_PS_UDP {
+            return wire::resolve_ud(i, id, dst, &private);
+        }
         if i.c.qp.is_null() || private.len() > 56 {
             set_errno(libc::EINVAL);
             return -1;
@@ -1829,6 +1879,11 @@ unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_para
             return -1;
         };
         release_request_event(i);
+        if i.c.ps == RDMA_PS_UDP {
+            // SAFETY: per the API, NULL or the program's parameters.
+            let p = unsafe { param.as_ref() }.copied().unwrap_or_default();
+            return wire::answer_ud(i, &p);
+        }
         let Some(peer) = i.request.clone() else {
             set_errno(libc::EINVAL);
             return -1;
@@ -1944,7 +1999,11 @@ unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private: *const c_void, le
         // SAFETY: the program's private data.
         let private = unsafe { private_of(&p) };
         if let Some((cm, conn)) = wire::of_id(&i.shared) {
-            cm.reject(conn, &private);
+            if i.c.ps == RDMA_PS_UDP {
+                cm.reject_ud(conn, &private);
+            } else {
+                cm.reject(conn, &private);
+            }
             return 0;
         }
         let rej = Message::Reject { private };

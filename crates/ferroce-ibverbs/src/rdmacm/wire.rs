@@ -117,6 +117,9 @@ struct Route {
     /// The active side's QP parameters and the passive side's IP, for its RTR and RTS when
     /// the REP comes.
     active: Option<(Local, Params, IpAddr)>,
+    /// A UD id's service resolution (SIDR): the passive side's GID and this side's GID index,
+    /// for the address handle its `ESTABLISHED` event carries.
+    ud: Option<([u8; 16], u8)>,
 }
 
 /// A listening id, as a REQ for its service finds it.
@@ -133,6 +136,9 @@ pub(super) struct WireCm {
     dev: Device,
     routes: Mutex<HashMap<ConnId, Route>>,
     listens: Mutex<HashMap<u64, Listen>>,
+    /// Service resolutions (SIDR_REQ) reported to a listener and not answered yet: the
+    /// requester's GID, the transaction ID and the service.
+    sidr_requests: Mutex<HashMap<u32, ([u8; 16], u64, u64)>>,
 }
 
 /// One manager per context (and so per device: contexts are opened once per device).
@@ -156,6 +162,7 @@ pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
         dev,
         routes: Mutex::new(HashMap::new()),
         listens: Mutex::new(HashMap::new()),
+        sidr_requests: Mutex::new(HashMap::new()),
     }));
     let manager = CmManager::new(gid, guid, random_psn() << 8 | 1);
     let agent = CmAgent::start(manager, Box::new(port), Box::new(move |e| cm.on_event(e))).ok()?;
@@ -240,6 +247,7 @@ impl WireCm {
                 shared: shared.clone(),
                 id,
                 active,
+                ud: None,
             },
         );
         drop(routes);
@@ -271,6 +279,8 @@ impl WireCm {
     /// kernel's `ib_destroy_cm_id` does.
     pub(super) fn release(&self, conn: ConnId) {
         lock(&self.routes).remove(&conn);
+        // A service resolution never answered: the requester's retries run out.
+        lock(&self.sidr_requests).remove(&conn);
         if let Some(a) = self.agent() {
             let _ = a.command(|m, now| m.disconnect(now, conn, &[]));
         }
@@ -285,6 +295,7 @@ impl WireCm {
                 shared: r.shared.clone(),
                 id: r.id,
                 active: r.active,
+                ud: r.ud,
             })
         }
     }
@@ -401,20 +412,48 @@ impl WireCm {
             }
             CmEvent::ServiceRequest {
                 request,
+                transaction_id,
                 from_gid,
                 req,
             } => {
-                // No UD service is served over SIDR yet: "service ID not supported".
-                let answer = ferroce_wire::cm::SidrRep {
-                    request_id: request,
-                    status: 1,
-                    service_id: req.service_id,
+                let pending = (from_gid, transaction_id, req.service_id);
+                lock(&self.sidr_requests).insert(request, pending);
+                if !self.on_service_request(request, from_gid, &req) {
+                    // No listener for that address: "service ID not supported".
+                    self.answer_service(request, 1, 0, &[]);
+                }
+            }
+            CmEvent::ServiceReply { request, rep } => {
+                let Some(r) = self.route(request, true) else {
+                    return;
+                };
+                let id = r.id as *mut rdma_cm_id;
+                *lock(&r.shared.wire) = None;
+                let (Some(rep), Some((gid, gid_index))) = (rep, r.ud) else {
+                    r.shared
+                        .post(event(id, RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT));
+                    return;
+                };
+                if rep.status != 0 {
+                    let status = c_int::from(rep.status);
+                    r.shared.post(event(id, RDMA_CM_EVENT_UNREACHABLE, status));
+                    return;
+                }
+                let mut e = event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+                e.private = rep.private_data.clone();
+                let mut ah = ibv_ah_attr {
+                    is_global: 1,
+                    port_num: 1,
                     ..Default::default()
                 };
-                let _ = agent
-                    .command(|m, now| m.answer_service(now, from_gid, u64::from(request), answer));
+                ah.grh.dgid = ibv_gid { raw: gid };
+                ah.grh.sgid_index = gid_index;
+                ah.grh.hop_limit = 64;
+                e.c.param.ud.ah_attr = ah;
+                e.c.param.ud.qp_num = rep.qpn;
+                e.c.param.ud.qkey = rep.qkey;
+                r.shared.post(e);
             }
-            CmEvent::ServiceReply { .. } => {}
         }
     }
 
@@ -478,6 +517,7 @@ impl WireCm {
                     shared: s,
                     id: child as usize,
                     active: None,
+                    ud: None,
                 },
             );
         }
@@ -493,6 +533,160 @@ impl WireCm {
 pub(super) fn swap_psns(mut local: Local, mut peer: Peer) -> (Local, Peer) {
     std::mem::swap(&mut local.psn, &mut peer.psn);
     (local, peer)
+}
+
+impl WireCm {
+    /// A SIDR_REQ for a listened UDP service: a new id reported to the listener, answered by
+    /// `rdma_accept` (the QP) or `rdma_reject`. `false` when no listener takes it.
+    fn on_service_request(
+        &'static self,
+        request: u32,
+        from_gid: [u8; 16],
+        req: &ferroce_wire::cm::SidrReq,
+    ) -> bool {
+        let Ok(header) = IpHeader::parse(&req.private_data) else {
+            return false;
+        };
+        let listens = lock(&self.listens);
+        let Some(l) = listens.get(&req.service_id) else {
+            return false;
+        };
+        if !l.bound.is_unspecified() && l.bound != header.dst {
+            return false;
+        }
+        let (shared, of) = (l.shared.clone(), l.of);
+        drop(listens);
+        let port = ip::service_port(req.service_id).map_or(0, |p| p.1);
+        let peer = Peer {
+            qpn: 0,
+            psn: 0,
+            gid: from_gid,
+            mtu: self.dev.mtu as u8,
+            responder_resources: 0,
+            initiator_depth: 0,
+            retry_count: 0,
+            rnr_retry_count: 0,
+            ece: None,
+        };
+        let local = SocketAddr::new(header.dst, port);
+        let private = req.private_data[IP_HEADER_LEN..].to_vec();
+        let me = self as *const WireCm as usize;
+        post_request(
+            &of,
+            &shared,
+            self.dev,
+            (local, header.src),
+            peer,
+            private,
+            |c| {
+                *lock(&c.shared.wire) = Some((me, request));
+            },
+        )
+        .is_some()
+    }
+
+    /// Answers a service resolution: `status` 0 with the QP, 1 for no service, 2 rejected.
+    fn answer_service(&self, request: u32, status: u8, qpn: u32, private: &[u8]) -> bool {
+        let Some((gid, tid, service_id)) = lock(&self.sidr_requests).remove(&request) else {
+            return false;
+        };
+        let answer = ferroce_wire::cm::SidrRep {
+            request_id: request,
+            status,
+            qpn,
+            service_id,
+            qkey: if status == 0 { RDMA_UDP_QKEY } else { 0 },
+            private_data: private.to_vec(),
+            ..Default::default()
+        };
+        self.agent().is_some_and(|a| {
+            a.command(|m, now| m.answer_service(now, gid, tid, answer))
+                .is_ok()
+        })
+    }
+
+    /// `rdma_reject` of a UD request: SIDR status 2, rejected.
+    pub(super) fn reject_ud(&self, request: u32, private: &[u8]) {
+        self.answer_service(request, 2, 0, private);
+    }
+}
+
+/// `rdma_connect` of a UD id (rdma_cm's UDP port space): a SIDR_REQ to the service of `dst`'s
+/// port; `ESTABLISHED` with the address handle, QPN and Q_Key to send to when the answer
+/// comes, `UNREACHABLE` when it says no or never comes. UD resolution always goes on the
+/// wire, so a listener on this host must be its address's first ferroce process (host slot
+/// 0), the one QP1 reaches.
+pub(super) fn resolve_ud(
+    i: &mut CmId,
+    id: *mut rdma_cm_id,
+    dst: SocketAddr,
+    private: &[u8],
+) -> c_int {
+    if private.len() > ferroce_wire::cm::private_len::SIDR_REQ - IP_HEADER_LEN {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let Some(dev) = i.device else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let src = source_port_of(i);
+    let Some((cm, agent)) = manager(dev, src.ip()).and_then(|cm| Some((cm, cm.agent()?))) else {
+        set_errno(libc::ENETUNREACH);
+        return -1;
+    };
+    let mut data = IpHeader { src, dst: dst.ip() }.to_bytes().to_vec();
+    data.extend_from_slice(private);
+    let gid = ip::gid_of(dst.ip());
+    let service = ip::service_id(RDMA_PS_UDP as u16, dst.port());
+    // The route is in place before the request leaves, so the answer cannot come first.
+    let mut routes = lock(&cm.routes);
+    let Ok(request) = agent.command(|m, now| m.resolve_service(now, gid, service, data)) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let shared = i.shared.clone();
+    *lock(&shared.wire) = Some((cm as *const WireCm as usize, request));
+    let route = Route {
+        shared,
+        id: id as usize,
+        active: None,
+        ud: Some((gid, dev.gid_index)),
+    };
+    routes.insert(request, route);
+    drop(routes);
+    // SAFETY: our live id.
+    unsafe { wait_sync(id, RDMA_CM_EVENT_ESTABLISHED) }
+}
+
+/// `rdma_accept` of a UD request: the SIDR_REP with the program's QP (`qp_num`, else the id's)
+/// and rdma_cm's Q_Key.
+pub(super) fn answer_ud(i: &mut CmId, p: &rdma_conn_param) -> c_int {
+    let Some((cm, request)) = of_id(&i.shared) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let qpn = if p.qp_num != 0 {
+        p.qp_num
+    } else if !i.c.qp.is_null() {
+        // SAFETY: the id's live QP.
+        unsafe { (*i.c.qp).qp_num }
+    } else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: the program's private data.
+    let private = unsafe { private_of(p) };
+    if private.len() > ferroce_wire::cm::private_len::SIDR_REP {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if !cm.answer_service(request, 0, qpn, &private) {
+        set_errno(libc::ECONNRESET);
+        return -1;
+    }
+    *lock(&i.shared.wire) = None;
+    0
 }
 
 /// IB CM carries a 24-bit ECE vendor ID; ferroce's is 32 bits ("FRCE"), so its low 24 bits

@@ -174,6 +174,8 @@ pub enum CmEvent {
     ServiceRequest {
         /// The request's ID (name it in the answer).
         request: u32,
+        /// Its MAD's transaction ID (the answer carries it back).
+        transaction_id: u64,
         /// The GID it came from.
         from_gid: [u8; 16],
         /// The request.
@@ -252,6 +254,8 @@ pub struct CmManager {
     sidr: HashMap<u32, SidrPending>,
     /// Requests answered: (the peer's GID, its request ID) → the answer, for duplicates.
     sidr_answered: HashMap<([u8; 16], u32), ([u8; MAD_LEN], Instant)>,
+    /// Requests reported and not answered yet: a duplicate is not reported again.
+    sidr_waiting: HashSet<([u8; 16], u32)>,
     transmit: VecDeque<Outgoing>,
     events: VecDeque<CmEvent>,
     /// Counts of MADs that could not be read (malformed, another class).
@@ -271,6 +275,7 @@ impl CmManager {
             listening: HashSet::new(),
             sidr: HashMap::new(),
             sidr_answered: HashMap::new(),
+            sidr_waiting: HashSet::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
             malformed: 0,
@@ -588,6 +593,7 @@ impl CmManager {
         answer: SidrRep,
     ) -> Result<(), CommandError> {
         let key = (to_gid, answer.request_id);
+        self.sidr_waiting.remove(&key);
         let mad = CmMad {
             transaction_id,
             attribute_modifier: 0,
@@ -751,9 +757,15 @@ impl CmManager {
                         mad: *bytes,
                     };
                     self.transmit.push_back(out);
-                } else if self.listening.contains(&req.service_id) {
+                } else if self.sidr_waiting.contains(&(from_gid, req.request_id)) {
+                    // A duplicate of a request the application has not answered yet.
+                } else if self.listening.contains(&req.service_id)
+                    && self.sidr_waiting.len() < MAX_PENDING
+                {
+                    self.sidr_waiting.insert((from_gid, req.request_id));
                     self.events.push_back(CmEvent::ServiceRequest {
                         request: req.request_id,
+                        transaction_id: tid,
                         from_gid,
                         req: Box::new(req),
                     });

@@ -307,6 +307,7 @@ fn services_resolve_by_sidr() {
     p.deliver();
     let Some(CmEvent::ServiceRequest {
         request,
+        transaction_id,
         from_gid,
         req,
     }) = p.events_b.pop()
@@ -314,6 +315,9 @@ fn services_resolve_by_sidr() {
         panic!()
     };
     assert_eq!((request, from_gid, req.service_id), (r, A, sid));
+    // A duplicate of the request (A's retry) is not reported again while it waits.
+    p.advance();
+    assert!(p.events_b.is_empty(), "{:?}", p.events_b);
     let answer = SidrRep {
         request_id: request,
         qpn: 0x44,
@@ -321,7 +325,8 @@ fn services_resolve_by_sidr() {
         service_id: sid,
         ..Default::default()
     };
-    p.b.answer_service(p.now, A, u64::from(r), answer).unwrap();
+    p.b.answer_service(p.now, A, transaction_id, answer)
+        .unwrap();
     p.deliver();
     let Some(CmEvent::ServiceReply {
         request,
