@@ -138,8 +138,12 @@ pub(super) struct WireCm {
     listens: Mutex<HashMap<u64, Listen>>,
     /// Service resolutions (SIDR_REQ) reported to a listener and not answered yet: the
     /// requester's GID, the transaction ID and the service.
-    sidr_requests: Mutex<HashMap<u32, ([u8; 16], u64, u64)>>,
+    sidr_requests: Mutex<HashMap<u32, SidrWaiting>>,
 }
+
+/// A service resolution waiting for the program's answer: the requester's GID, the request's
+/// transaction ID and the service it names.
+type SidrWaiting = ([u8; 16], u64, u64);
 
 /// One manager per context (and so per device: contexts are opened once per device).
 static MANAGERS: Mutex<Vec<(usize, &'static WireCm)>> = Mutex::new(Vec::new());
