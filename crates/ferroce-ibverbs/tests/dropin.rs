@@ -849,6 +849,28 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
             && ct.contains("return status 0"),
         "ucmatose\nserver:\n{st}\nclient:\n{ct}"
     );
+    // ECE on the wire (vendor ID 24 bits there, ferroce's 32-bit one restored): two ferroce
+    // processes negotiate selective repeat through the REQ and REP MADs as through TCP.
+    let ece = |ns: &str, args: &[&str]| {
+        let mut c = ece_run(args, true);
+        let program = c.get_program().to_owned();
+        let mut w = hosts.run(ns, program.to_str().unwrap());
+        w.env("FERROCE_RDMA_CM", "ib").args(args);
+        w
+    };
+    let mut ece_server = ece(NS_A, &["server", "19016"]);
+    ece_server.env("ECE_BIND", "10.77.0.1");
+    let server = serve(ece_server, 19016);
+    let c = ece(NS_B, &["client", "10.77.0.1", "19016"])
+        .output()
+        .unwrap();
+    let s = wait_with_timeout(server, Duration::from_secs(60));
+    let (st, ct) = (text(&s), text(&c));
+    assert!(s.status.success() && c.status.success(), "ece\n{st}\n{ct}");
+    assert_eq!(line(&st, "remote_ece"), ece_line("0x1"), "{st}");
+    assert_eq!(line(&st, "in_force"), ece_line("0x1"), "{st}");
+    assert_eq!(line(&ct, "in_force"), ece_line("0x1"), "{ct}");
+    assert_eq!(line(&st, "received"), ["hello"]);
     // udaddy: UD QPs resolved by SIDR, then datagrams each way.
     let server = serve(wire(NS_A, "udaddy", &["-b", "10.77.0.1"]), 7174);
     let c = wire(NS_B, "udaddy", &["-s", "10.77.0.1"]).output().unwrap();

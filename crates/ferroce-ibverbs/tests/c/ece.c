@@ -1,8 +1,9 @@
 /* ECE through ferroce's drop-in libraries, as a C program sees it (tests/dropin.rs runs it).
  *
  *   ece query                     a new QP's ECE, and what ibv_set_ece refuses
- *   ece server PORT [nodata]      rdma_cm on 127.0.0.1:PORT: the request's ECE, accept, the
- *                                 ECE in force, then one SEND received (unless nodata)
+ *   ece server PORT [nodata]      rdma_cm on 127.0.0.1:PORT (or $ECE_BIND:PORT): the
+ *                                 request's ECE, accept, the ECE in force, then one SEND
+ *                                 received (unless nodata)
  *   ece client ADDR PORT [nodata] rdma_cm to ADDR:PORT: the offer, connect, the ECE in force,
  *                                 then one SEND (unless nodata)
  *
@@ -140,7 +141,7 @@ static int server(int port, int data)
 	char buf[64] = { 0 };
 	int rc;
 
-	a.sin_addr.s_addr = inet_addr("127.0.0.1");
+	a.sin_addr.s_addr = inet_addr(getenv("ECE_BIND") ? getenv("ECE_BIND") : "127.0.0.1");
 	if (!ch || rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP))
 		die("rdma_create_id");
 	if (rdma_bind_addr(listen_id, (struct sockaddr *)&a) || rdma_listen(listen_id, 1))
