@@ -852,10 +852,10 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
     // ECE on the wire (vendor ID 24 bits there, ferroce's 32-bit one restored): two ferroce
     // processes negotiate selective repeat through the REQ and REP MADs as through TCP.
     let ece = |ns: &str, args: &[&str]| {
-        let mut c = ece_run(args, true);
-        let program = c.get_program().to_owned();
-        let mut w = hosts.run(ns, program.to_str().unwrap());
-        w.env("FERROCE_RDMA_CM", "ib").args(args);
+        let mut w = hosts.run(ns, ece_program().to_str().unwrap());
+        w.env("FERROCE_RDMA_CM", "ib")
+            .env_remove("FERROCE_SR")
+            .args(args);
         w
     };
     let mut ece_server = ece(NS_A, &["server", "19016"]);
