@@ -780,14 +780,23 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
         c.env("FERROCE_RDMA_CM", "ib").args(args);
         c
     };
-    let serve = |mut c: Command, port: u16| {
-        let mut s = c
+    // A server in host A (listening on `port`), then its client in host B: both outputs,
+    // after checking both succeeded.
+    let run = |mut server: Command, port: u16, mut client: Command, what: &str| {
+        let mut s = server
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         wait_listening_in(NS_A, port, &mut s);
-        s
+        let c = client.output().unwrap();
+        let s = wait_with_timeout(s, Duration::from_secs(60));
+        let (st, ct) = (text(&s), text(&c));
+        assert!(
+            s.status.success() && c.status.success(),
+            "{what}\nserver:\n{st}\nclient:\n{ct}"
+        );
+        (st, ct)
     };
     let rping = |role: &str, port: &str| {
         let a = [
@@ -801,53 +810,44 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
             "4096",
             "-V",
         ];
-        wire(
-            if role == "-s" { NS_A } else { NS_B },
-            "rping",
-            &[&[role][..], &a].concat(),
-        )
+        let ns = if role == "-s" { NS_A } else { NS_B };
+        wire(ns, "rping", &[&[role][..], &a].concat())
     };
-    // A REQ to a port nobody listens on, while the other host's process listens on another.
-    let server = serve(rping("-s", "19013"), 19013);
-    let refused = rping("-c", "19012").output().unwrap();
-    let rt = text(&refused);
-    assert!(
-        !refused.status.success()
-            && rt.contains("RDMA_CM_EVENT_REJECTED")
-            && rt.contains("error 8"),
-        "a REQ for no listener is rejected with status 8:\n{rt}"
-    );
-    let c = rping("-c", "19013").output().unwrap();
+    // A REQ to a port nobody listens on, while the other host's process listens on another:
+    // rejected with status 8 by that process's manager. Then rping, every byte checked.
+    let refused = |port: &str| {
+        let o = rping("-c", port).output().unwrap();
+        let t = text(&o);
+        assert!(
+            !o.status.success() && t.contains("RDMA_CM_EVENT_REJECTED") && t.contains("error 8"),
+            "a REQ for no listener is rejected with status 8:\n{t}"
+        );
+        rping("-c", "19013")
+    };
+    let mut s = rping("-s", "19013");
+    s.stdout(Stdio::piped());
+    let mut server = s.stderr(Stdio::piped()).spawn().unwrap();
+    wait_listening_in(NS_A, 19013, &mut server);
+    let c = refused("19012").output().unwrap();
     let s = wait_with_timeout(server, Duration::from_secs(60));
     assert!(
         s.status.success() && c.status.success(),
-        "rping\nserver:\n{}\nclient:\n{}",
+        "rping\n{}\n{}",
         text(&s),
         text(&c)
     );
-    let server = serve(
+    // ucmatose, two connections at once.
+    let uc = |ns: &str, flag: &str| {
         wire(
-            NS_A,
+            ns,
             "ucmatose",
-            &["-b", "10.77.0.1", "-p", "19014", "-c", "2", "-C", "10"],
-        ),
-        19014,
-    );
-    let c = wire(
-        NS_B,
-        "ucmatose",
-        &["-s", "10.77.0.1", "-p", "19014", "-c", "2", "-C", "10"],
-    )
-    .output()
-    .unwrap();
-    let s = wait_with_timeout(server, Duration::from_secs(60));
-    let (st, ct) = (text(&s), text(&c));
+            &[flag, "10.77.0.1", "-p", "19014", "-c", "2", "-C", "10"],
+        )
+    };
+    let (st, ct) = run(uc(NS_A, "-b"), 19014, uc(NS_B, "-s"), "ucmatose");
     assert!(
-        s.status.success()
-            && c.status.success()
-            && st.contains("return status 0")
-            && ct.contains("return status 0"),
-        "ucmatose\nserver:\n{st}\nclient:\n{ct}"
+        st.contains("return status 0") && ct.contains("return status 0"),
+        "{st}\n{ct}"
     );
     // ECE on the wire (vendor ID 24 bits there, ferroce's 32-bit one restored): two ferroce
     // processes negotiate selective repeat through the REQ and REP MADs as through TCP.
@@ -860,75 +860,34 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
     };
     let mut ece_server = ece(NS_A, &["server", "19016"]);
     ece_server.env("ECE_BIND", "10.77.0.1");
-    let server = serve(ece_server, 19016);
-    let c = ece(NS_B, &["client", "10.77.0.1", "19016"])
-        .output()
-        .unwrap();
-    let s = wait_with_timeout(server, Duration::from_secs(60));
-    let (st, ct) = (text(&s), text(&c));
-    assert!(s.status.success() && c.status.success(), "ece\n{st}\n{ct}");
+    let client = ece(NS_B, &["client", "10.77.0.1", "19016"]);
+    let (st, ct) = run(ece_server, 19016, client, "ece");
     assert_eq!(line(&st, "remote_ece"), ece_line("0x1"), "{st}");
     assert_eq!(line(&st, "in_force"), ece_line("0x1"), "{st}");
     assert_eq!(line(&ct, "in_force"), ece_line("0x1"), "{ct}");
     assert_eq!(line(&st, "received"), ["hello"]);
     // udaddy: UD QPs resolved by SIDR, then datagrams each way.
-    let server = serve(wire(NS_A, "udaddy", &["-b", "10.77.0.1"]), 7174);
-    let c = wire(NS_B, "udaddy", &["-s", "10.77.0.1"]).output().unwrap();
-    let s = wait_with_timeout(server, Duration::from_secs(60));
-    let (st, ct) = (text(&s), text(&c));
+    let server = wire(NS_A, "udaddy", &["-b", "10.77.0.1"]);
+    let (st, ct) = run(
+        server,
+        7174,
+        wire(NS_B, "udaddy", &["-s", "10.77.0.1"]),
+        "udaddy",
+    );
     assert!(
-        s.status.success()
-            && c.status.success()
-            && st.contains("return status 0")
-            && ct.contains("data transfers complete"),
-        "udaddy\nserver:\n{st}\nclient:\n{ct}"
+        st.contains("return status 0") && ct.contains("data transfers complete"),
+        "{st}\n{ct}"
     );
     // perftest -R opens the device itself and through librdmacm: both contexts are one RoCE
     // socket, so the QP librdmacm made is the one the other host reaches.
-    let server = serve(
-        wire(
-            NS_A,
-            "ib_send_bw",
-            &[
-                "-R",
-                "-d",
-                "ferroce_fib-a",
-                "-x",
-                "0",
-                "-F",
-                "-n",
-                "100",
-                "-p",
-                "19015",
-            ],
-        ),
-        19015,
-    );
-    let c = wire(
-        NS_B,
-        "ib_send_bw",
-        &[
-            "-R",
-            "-d",
-            "ferroce_fib-b",
-            "-x",
-            "0",
-            "-F",
-            "-n",
-            "100",
-            "-p",
-            "19015",
-            "10.77.0.1",
-        ],
-    )
-    .output()
-    .unwrap();
-    let s = wait_with_timeout(server, Duration::from_secs(60));
-    let (st, ct) = (text(&s), text(&c));
-    assert!(
-        s.status.success() && c.status.success() && result_rows(&ct) >= 1,
-        "ib_send_bw -R\nserver:\n{st}\nclient:\n{ct}"
-    );
+    let perf = |ns: &str, dev: &str, to: Option<&str>| {
+        let a = ["-R", "-d", dev, "-x", "0", "-F", "-n", "100", "-p", "19015"];
+        wire(ns, "ib_send_bw", &[&a[..], to.as_slice()].concat())
+    };
+    let server = perf(NS_A, "ferroce_fib-a", None);
+    let client = perf(NS_B, "ferroce_fib-b", Some("10.77.0.1"));
+    let (_, ct) = run(server, 19015, client, "ib_send_bw -R");
+    assert!(result_rows(&ct) >= 1, "{ct}");
 }
 
 /// librdmacm: perftest's `-R` (connection by rdma_cm), rdmacm-utils' synchronous and

@@ -461,6 +461,23 @@ impl WireCm {
         }
     }
 
+    /// The listener a REQ or SIDR_REQ for `service_id` is for, with rdma_cm's IP header from
+    /// the front of its `private_data`: none when nothing listens on the service, the header
+    /// is unreadable, or the listener is bound to another address than the header names.
+    fn listener_for(
+        &self,
+        service_id: u64,
+        private_data: &[u8],
+    ) -> Option<(Arc<IdShared>, ListenOf, IpHeader)> {
+        let header = IpHeader::parse(private_data).ok()?;
+        let listens = lock(&self.listens);
+        let l = listens.get(&service_id)?;
+        if !l.bound.is_unspecified() && l.bound != header.dst {
+            return None;
+        }
+        Some((l.shared.clone(), l.of, header))
+    }
+
     /// A REQ for a listened service: a new id reported to the listener. `false` when the
     /// REQ is not for this listener (another address) or its IP header is unreadable.
     fn on_request(
@@ -470,16 +487,10 @@ impl WireCm {
         req: &ferroce_wire::cm::Req,
         ece: u32,
     ) -> bool {
-        let Ok(header) = IpHeader::parse(&req.private_data) else {
+        let Some((shared, of, header)) = self.listener_for(req.service_id, &req.private_data)
+        else {
             return false;
         };
-        let listens = lock(&self.listens);
-        let Some(l) = listens.get(&req.service_id) else {
-            return false;
-        };
-        if !l.bound.is_unspecified() && l.bound != header.dst {
-            return false;
-        }
         let port = ip::service_port(req.service_id).map_or(0, |p| p.1);
         let peer = Peer {
             qpn: req.local_qpn,
@@ -495,8 +506,6 @@ impl WireCm {
                 options: ece,
             }),
         };
-        let (shared, of) = (l.shared.clone(), l.of);
-        drop(listens);
         let local = SocketAddr::new(header.dst, port);
         let private = req.private_data[IP_HEADER_LEN..].to_vec();
         let me = self as *const WireCm as usize;
@@ -548,18 +557,10 @@ impl WireCm {
         from_gid: [u8; 16],
         req: &ferroce_wire::cm::SidrReq,
     ) -> bool {
-        let Ok(header) = IpHeader::parse(&req.private_data) else {
+        let Some((shared, of, header)) = self.listener_for(req.service_id, &req.private_data)
+        else {
             return false;
         };
-        let listens = lock(&self.listens);
-        let Some(l) = listens.get(&req.service_id) else {
-            return false;
-        };
-        if !l.bound.is_unspecified() && l.bound != header.dst {
-            return false;
-        }
-        let (shared, of) = (l.shared.clone(), l.of);
-        drop(listens);
         let port = ip::service_port(req.service_id).map_or(0, |p| p.1);
         let peer = Peer {
             qpn: 0,
