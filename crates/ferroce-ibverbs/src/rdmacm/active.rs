@@ -164,11 +164,8 @@ pub(super) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             return -1;
         };
         move_qp_to_error(i.c.qp);
-        if let Some((cm, conn)) = wire::of_id(&i.shared) {
-            if !cm.disconnect(conn) {
-                set_errno(libc::ENOTCONN);
-                return -1;
-            }
+        if let Some((cm, wire::WireId::Conn(conn))) = wire::of_id(&i.shared) {
+            cm.disconnect(conn);
             return 0;
         }
         let stream = i

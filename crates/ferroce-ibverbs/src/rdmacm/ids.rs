@@ -17,7 +17,7 @@ pub(super) struct IdShared {
     pub(super) remote_ece: Mutex<Ece>,
     /// A connection through IB CM on the wire (instead of `stream`): its manager (a leaked
     /// [`wire::WireCm`], by address) and connection.
-    pub(super) wire: Mutex<Option<(usize, ferroce::cm::ib::ConnId)>>,
+    pub(super) wire: Mutex<Option<(usize, wire::WireId)>>,
 }
 
 /// The peer's side of a connection, as its REQ or REP said.
@@ -219,6 +219,9 @@ pub(super) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         // SAFETY: per the API, an id of ours, destroyed once.
         let b = unsafe { Box::from_raw(id.cast::<CmId>()) };
+        // The ids of requests to this listener that the program never read: nobody else can
+        // reach them, so they go with it (their peers hear a rejection), as with the kernel.
+        let mut orphans = Vec::new();
         {
             // Under the QP lock no connection thread is using the QP; under the queue's lock
             // none is queuing an event. After both, none will.
@@ -234,6 +237,12 @@ pub(super) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 // SAFETY: queued events are live boxes.
                 let ev = unsafe { &*(e as *const Event) };
                 let mine = ev.c.id == id || ev.c.listen_id == id;
+                if ev.c.listen_id == id
+                    && ev.c.id != id
+                    && ev.c.event == RDMA_CM_EVENT_CONNECT_REQUEST
+                {
+                    orphans.push(ev.c.id as usize);
+                }
                 if mine {
                     // SAFETY: removed from the queue, freed once.
                     drop(unsafe { Box::from_raw(e as *mut Event) });
@@ -254,7 +263,12 @@ pub(super) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             cm.release(conn);
         }
         for (cm, service) in &b.wire_listens {
-            cm.unlisten(*service);
+            cm.unlisten(*service, &b.shared);
+        }
+        for child in orphans {
+            // SAFETY: a request's id, never handed to the program (its event was not read),
+            // destroyed once, here.
+            unsafe { rdma_destroy_id(child as *mut rdma_cm_id) };
         }
         if let Some(l) = &b.listener {
             // Stops listening now, so the port may be bound again at once (the accepting

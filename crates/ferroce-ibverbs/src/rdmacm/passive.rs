@@ -244,6 +244,10 @@ pub(super) unsafe extern "C" fn rdma_accept(
                 set_errno(libc::EINVAL);
                 return -1;
             }
+            let wire::WireId::Conn(conn) = conn else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
             if !cm.accept(conn, rep) {
                 set_errno(libc::ECONNRESET);
                 return -1;
@@ -307,12 +311,17 @@ pub(super) unsafe extern "C" fn rdma_reject(
         };
         // SAFETY: the program's private data.
         let private = unsafe { private_of(&p) };
-        if let Some((cm, conn)) = wire::of_id(&i.shared) {
-            if i.c.ps == RDMA_PS_UDP {
-                cm.reject_ud(conn, &private);
-            } else {
-                cm.reject(conn, &private);
+        if let Some((cm, id_on_wire)) = wire::of_id(&i.shared) {
+            let done = match id_on_wire {
+                wire::WireId::Sidr(handle) => cm.reject_ud(handle, &private),
+                wire::WireId::Conn(conn) => cm.reject(conn, &private),
+            };
+            if !done {
+                // Private data too long for the message, or the request is gone.
+                set_errno(libc::EINVAL);
+                return -1;
             }
+            *i.shared.wire.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return 0;
         }
         let rej = Message::Reject { private };

@@ -110,6 +110,17 @@ impl Drop for CGsi {
     }
 }
 
+/// What an id is on the wire: a connection (or an active UD id's service resolution) by the
+/// manager's ID, or a service resolution received for a listener, by a handle of this
+/// library's (the requester's own request ID is not unique: any peer picks its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WireId {
+    /// A connection, or an active UD id's SIDR_REQ.
+    Conn(ConnId),
+    /// A SIDR_REQ received, waiting for `rdma_accept` or `rdma_reject`.
+    Sidr(u32),
+}
+
 /// An id's connection, as the manager's events find it.
 struct Route {
     shared: Arc<IdShared>,
@@ -135,15 +146,24 @@ pub(super) struct WireCm {
     agent: OnceLock<CmAgent>,
     dev: Device,
     routes: Mutex<HashMap<ConnId, Route>>,
-    listens: Mutex<HashMap<u64, Listen>>,
-    /// Service resolutions (SIDR_REQ) reported to a listener and not answered yet: the
-    /// requester's GID, the transaction ID and the service.
+    /// The listening ids of each service: several, bound to different addresses.
+    listens: Mutex<HashMap<u64, Vec<Listen>>>,
+    /// Service resolutions (SIDR_REQ) reported to a listener and not answered yet, by handle.
     sidr_requests: Mutex<HashMap<u32, SidrWaiting>>,
+    next_sidr: std::sync::atomic::AtomicU32,
 }
 
-/// A service resolution waiting for the program's answer: the requester's GID, the request's
-/// transaction ID and the service it names.
-type SidrWaiting = ([u8; 16], u64, u64);
+/// A service resolution waiting for the program's answer.
+struct SidrWaiting {
+    /// The requester's GID.
+    gid: [u8; 16],
+    /// Its request ID.
+    request_id: u32,
+    /// The request's transaction ID.
+    transaction_id: u64,
+    /// The service it names.
+    service_id: u64,
+}
 
 /// One manager per context (and so per device: contexts are opened once per device).
 static MANAGERS: Mutex<Vec<(usize, &'static WireCm)>> = Mutex::new(Vec::new());
@@ -167,6 +187,7 @@ pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
         routes: Mutex::new(HashMap::new()),
         listens: Mutex::new(HashMap::new()),
         sidr_requests: Mutex::new(HashMap::new()),
+        next_sidr: std::sync::atomic::AtomicU32::new(1),
     }));
     let manager = CmManager::new(gid, guid, random_psn() << 8 | 1);
     let agent = CmAgent::start(manager, Box::new(port), Box::new(move |e| cm.on_event(e))).ok()?;
@@ -203,7 +224,8 @@ impl WireCm {
         self.agent.get()
     }
 
-    /// Takes REQs for `service_id` to `bound` for the listening id.
+    /// Takes REQs for `service_id` to `bound` for the listening id (beside other ids that
+    /// listen on the same service at other addresses).
     pub(super) fn listen(
         &self,
         service_id: u64,
@@ -214,18 +236,33 @@ impl WireCm {
         let Some(agent) = self.agent() else {
             return false;
         };
-        if agent.command(|m, _| m.listen(service_id)).is_err() {
+        let mut listens = lock(&self.listens);
+        let list = listens.entry(service_id).or_default();
+        if list
+            .iter()
+            .any(|l| l.bound == bound || l.bound.is_unspecified() || bound.is_unspecified())
+        {
             return false;
         }
-        lock(&self.listens).insert(service_id, Listen { shared, of, bound });
+        if list.is_empty() && agent.command(|m, _| m.listen(service_id)).is_err() {
+            return false;
+        }
+        list.push(Listen { shared, of, bound });
         true
     }
 
-    /// Stops taking REQs for `service_id`.
-    pub(super) fn unlisten(&self, service_id: u64) {
-        lock(&self.listens).remove(&service_id);
-        if let Some(agent) = self.agent() {
-            agent.command(|m, _| m.unlisten(service_id));
+    /// Stops taking REQs for `service_id` for the listening id whose shared part is `shared`.
+    pub(super) fn unlisten(&self, service_id: u64, shared: &Arc<IdShared>) {
+        let mut listens = lock(&self.listens);
+        let Some(list) = listens.get_mut(&service_id) else {
+            return;
+        };
+        list.retain(|l| !Arc::ptr_eq(&l.shared, shared));
+        if list.is_empty() {
+            listens.remove(&service_id);
+            if let Some(agent) = self.agent() {
+                agent.command(|m, _| m.unlisten(service_id));
+            }
         }
     }
 
@@ -240,22 +277,28 @@ impl WireCm {
         req: ConnectParams,
     ) -> Option<ConnId> {
         let agent = self.agent()?;
-        // The route is in place before the REQ leaves, so the REP cannot come first.
+        // The route and the id's `wire` are in place before the REQ leaves, so the REP (or a
+        // REJ) cannot come first; an id destroyed meanwhile is released either by
+        // `rdma_destroy_id` (which finds `wire` set) or here (which finds it dead).
         let mut routes = lock(&self.routes);
+        if !shared.alive.load(Ordering::Acquire) {
+            return None;
+        }
         let peer_ip = ip::ip_of_gid(req.dest_gid);
         let conn = agent.command(|m, now| m.connect(now, req)).ok()?;
         let active = Some((local, params, peer_ip));
-        routes.insert(
-            conn,
-            Route {
-                shared: shared.clone(),
-                id,
-                active,
-                ud: None,
-            },
-        );
+        let route = Route {
+            shared: shared.clone(),
+            id,
+            active,
+            ud: None,
+        };
+        routes.insert(conn, route);
+        *lock(&shared.wire) = Some((self as *const WireCm as usize, WireId::Conn(conn)));
         drop(routes);
-        *lock(&shared.wire) = Some((self as *const WireCm as usize, conn));
+        if !shared.alive.load(Ordering::Acquire) {
+            self.release(WireId::Conn(conn));
+        }
         Some(conn)
     }
 
@@ -265,28 +308,43 @@ impl WireCm {
             .is_some_and(|a| a.command(|m, now| m.accept(now, conn, p)).is_ok())
     }
 
-    /// Rejects a request (the consumer's reason, 28).
-    pub(super) fn reject(&self, conn: ConnId, private: &[u8]) {
-        lock(&self.routes).remove(&conn);
+    /// Rejects a request (the consumer's reason, 28); `false` when the private data does not
+    /// fit a REJ (148 bytes) or the request is not waiting.
+    pub(super) fn reject(&self, conn: ConnId, private: &[u8]) -> bool {
+        if private.len() > ferroce_wire::cm::private_len::REJ {
+            return false;
+        }
+        let done = self.agent().is_some_and(|a| {
+            a.command(|m, _| m.reject(conn, rej_reason::CONSUMER_DEFINED, private))
+                .is_ok()
+        });
+        if done {
+            lock(&self.routes).remove(&conn);
+        }
+        done
+    }
+
+    /// Sends a DREQ (or abandons a connection being set up); `DISCONNECTED` follows. A
+    /// connection already over is left as it is, and that is no error (the kernel's
+    /// `rdma_disconnect` answers so too).
+    pub(super) fn disconnect(&self, conn: ConnId) {
         if let Some(a) = self.agent() {
-            let _ = a.command(|m, _| m.reject(conn, rej_reason::CONSUMER_DEFINED, private));
+            let _ = a.command(|m, now| m.disconnect(now, conn, &[]));
         }
     }
 
-    /// Sends a DREQ (or abandons a connection being set up); `DISCONNECTED` follows.
-    pub(super) fn disconnect(&self, conn: ConnId) -> bool {
-        self.agent()
-            .is_some_and(|a| a.command(|m, now| m.disconnect(now, conn, &[])).is_ok())
-    }
-
     /// The id is gone: no more events for it; a connection still up is disconnected, as the
-    /// kernel's `ib_destroy_cm_id` does.
-    pub(super) fn release(&self, conn: ConnId) {
-        lock(&self.routes).remove(&conn);
-        // A service resolution never answered: the requester's retries run out.
-        lock(&self.sidr_requests).remove(&conn);
-        if let Some(a) = self.agent() {
-            let _ = a.command(|m, now| m.disconnect(now, conn, &[]));
+    /// kernel's `ib_destroy_cm_id` does; a service resolution not answered yet is refused
+    /// (SIDR status 2), as its `cm_destroy_id` does.
+    pub(super) fn release(&self, id: WireId) {
+        match id {
+            WireId::Conn(conn) => {
+                lock(&self.routes).remove(&conn);
+                self.disconnect(conn);
+            }
+            WireId::Sidr(handle) => {
+                self.answer_service(handle, 2, 0, &[]);
+            }
         }
     }
 
@@ -324,7 +382,8 @@ impl WireCm {
                 ece_options,
             } => {
                 let Some(r) = self.route(conn, false) else {
-                    let _ = agent.command(|m, _| m.reject(conn, rej_reason::TIMEOUT, &[]));
+                    let reason = rej_reason::CONSUMER_DEFINED;
+                    let _ = agent.command(|m, _| m.reject(conn, reason, &[]));
                     return;
                 };
                 let Some((local, params, peer_ip)) = r.active else {
@@ -350,6 +409,11 @@ impl WireCm {
                 let connected = {
                     let qp = lock(&r.shared.qp);
                     if !r.shared.alive.load(Ordering::Acquire) {
+                        // Destroyed meanwhile: the peer hears of it now, not after its retries.
+                        drop(qp);
+                        self.route(conn, true);
+                        let reason = rej_reason::CONSUMER_DEFINED;
+                        let _ = agent.command(|m, _| m.reject(conn, reason, &[]));
                         return;
                     }
                     let qp = *qp as *mut ibv_qp;
@@ -420,11 +484,17 @@ impl WireCm {
                 from_gid,
                 req,
             } => {
-                let pending = (from_gid, transaction_id, req.service_id);
-                lock(&self.sidr_requests).insert(request, pending);
-                if !self.on_service_request(request, from_gid, &req) {
-                    // No listener for that address: "service ID not supported".
-                    self.answer_service(request, 1, 0, &[]);
+                let handle = self.next_sidr.fetch_add(1, Ordering::Relaxed);
+                let waiting = SidrWaiting {
+                    gid: from_gid,
+                    request_id: request,
+                    transaction_id,
+                    service_id: req.service_id,
+                };
+                lock(&self.sidr_requests).insert(handle, waiting);
+                if !self.on_service_request(handle, from_gid, &req) {
+                    // No UD listener for that address: "service ID not supported".
+                    self.answer_service(handle, 1, 0, &[]);
                 }
             }
             CmEvent::ServiceReply { request, rep } => {
@@ -471,10 +541,11 @@ impl WireCm {
     ) -> Option<(Arc<IdShared>, ListenOf, IpHeader)> {
         let header = IpHeader::parse(private_data).ok()?;
         let listens = lock(&self.listens);
-        let l = listens.get(&service_id)?;
-        if !l.bound.is_unspecified() && l.bound != header.dst {
-            return None;
-        }
+        let list = listens.get(&service_id)?;
+        let l = list
+            .iter()
+            .find(|l| l.bound == header.dst)
+            .or_else(|| list.iter().find(|l| l.bound.is_unspecified()))?;
         Some((l.shared.clone(), l.of, header))
     }
 
@@ -491,6 +562,12 @@ impl WireCm {
         else {
             return false;
         };
+        // A REQ connects RC QPs: a UD listener takes SIDR only (the kernel's
+        // `cma_check_req_qp_type`).
+        if of.ps == RDMA_PS_UDP {
+            return false;
+        }
+        let mut child_shared = None;
         let port = ip::service_port(req.service_id).map_or(0, |p| p.1);
         let peer = Peer {
             qpn: req.local_qpn,
@@ -518,22 +595,20 @@ impl WireCm {
             peer,
             private,
             |c| {
-                *lock(&c.shared.wire) = Some((me, conn));
+                *lock(&c.shared.wire) = Some((me, WireId::Conn(conn)));
+                child_shared = Some(c.shared.clone());
             },
         );
-        if let Some(child) = child {
-            // SAFETY: the id just made; its shared part outlives this call.
-            let s = unsafe { (*child).shared.clone() };
-            routes.insert(
-                conn,
-                Route {
-                    shared: s,
-                    id: child as usize,
-                    active: None,
-                    ud: None,
-                },
-            );
-        }
+        let (Some(child), Some(shared)) = (child, child_shared) else {
+            return false;
+        };
+        let route = Route {
+            shared,
+            id: child as usize,
+            active: None,
+            ud: None,
+        };
+        routes.insert(conn, route);
         true
     }
 }
@@ -553,7 +628,7 @@ impl WireCm {
     /// `rdma_accept` (the QP) or `rdma_reject`. `false` when no listener takes it.
     fn on_service_request(
         &'static self,
-        request: u32,
+        handle: u32,
         from_gid: [u8; 16],
         req: &ferroce_wire::cm::SidrReq,
     ) -> bool {
@@ -561,6 +636,10 @@ impl WireCm {
         else {
             return false;
         };
+        // SIDR resolves UD services only.
+        if of.ps != RDMA_PS_UDP {
+            return false;
+        }
         let port = ip::service_port(req.service_id).map_or(0, |p| p.1);
         let peer = Peer {
             qpn: 0,
@@ -584,22 +663,23 @@ impl WireCm {
             peer,
             private,
             |c| {
-                *lock(&c.shared.wire) = Some((me, request));
+                *lock(&c.shared.wire) = Some((me, WireId::Sidr(handle)));
             },
         )
         .is_some()
     }
 
     /// Answers a service resolution: `status` 0 with the QP, 1 for no service, 2 rejected.
-    fn answer_service(&self, request: u32, status: u8, qpn: u32, private: &[u8]) -> bool {
-        let Some((gid, tid, service_id)) = lock(&self.sidr_requests).remove(&request) else {
+    fn answer_service(&self, handle: u32, status: u8, qpn: u32, private: &[u8]) -> bool {
+        let Some(w) = lock(&self.sidr_requests).remove(&handle) else {
             return false;
         };
+        let (gid, tid) = (w.gid, w.transaction_id);
         let answer = ferroce_wire::cm::SidrRep {
-            request_id: request,
+            request_id: w.request_id,
             status,
             qpn,
-            service_id,
+            service_id: w.service_id,
             qkey: if status == 0 { RDMA_UDP_QKEY } else { 0 },
             private_data: private.to_vec(),
             ..Default::default()
@@ -610,9 +690,11 @@ impl WireCm {
         })
     }
 
-    /// `rdma_reject` of a UD request: SIDR status 2, rejected.
-    pub(super) fn reject_ud(&self, request: u32, private: &[u8]) {
-        self.answer_service(request, 2, 0, private);
+    /// `rdma_reject` of a UD request: SIDR status 2, rejected; `false` when the private data
+    /// does not fit a SIDR_REP (136 bytes) or the request is not waiting.
+    pub(super) fn reject_ud(&self, handle: u32, private: &[u8]) -> bool {
+        private.len() <= ferroce_wire::cm::private_len::SIDR_REP
+            && self.answer_service(handle, 2, 0, private)
     }
 }
 
@@ -651,7 +733,7 @@ pub(super) fn resolve_ud(
         return -1;
     };
     let shared = i.shared.clone();
-    *lock(&shared.wire) = Some((cm as *const WireCm as usize, request));
+    *lock(&shared.wire) = Some((cm as *const WireCm as usize, WireId::Conn(request)));
     let route = Route {
         shared,
         id: id as usize,
@@ -667,7 +749,7 @@ pub(super) fn resolve_ud(
 /// `rdma_accept` of a UD request: the SIDR_REP with the program's QP (`qp_num`, else the id's)
 /// and rdma_cm's Q_Key.
 pub(super) fn answer_ud(i: &mut CmId, p: &rdma_conn_param) -> c_int {
-    let Some((cm, request)) = of_id(&i.shared) else {
+    let Some((cm, WireId::Sidr(request))) = of_id(&i.shared) else {
         set_errno(libc::EINVAL);
         return -1;
     };
@@ -705,7 +787,7 @@ fn vendor_from_wire(v: u32) -> u32 {
 }
 
 /// The manager an id's `wire` field names.
-pub(super) fn of_id(shared: &IdShared) -> Option<(&'static WireCm, ConnId)> {
+pub(super) fn of_id(shared: &IdShared) -> Option<(&'static WireCm, WireId)> {
     let w = (*lock(&shared.wire))?;
     // SAFETY: managers are leaked boxes, never freed; the address is one of them.
     Some((unsafe { &*(w.0 as *const WireCm) }, w.1))
@@ -732,6 +814,7 @@ pub(super) fn request_params(
     let (qpn, srq) = unsafe { ((*qp).qp_num, !(*qp).srq.is_null()) };
     Some(ConnectParams {
         dest_gid: ip::gid_of(dst.ip()),
+        local_gid: Some(ip::gid_of(src.ip())),
         service_id: ip::service_id(ps as u16, dst.port()),
         qpn,
         starting_psn: local.psn,

@@ -322,9 +322,15 @@ impl ContextShared {
         self.ud_qp_count.store(m.len(), Ordering::Release);
     }
 
-    pub(crate) fn ud_qp_exists(&self, qpn: u32) -> bool {
-        let m = self.ud_qps.read().unwrap_or_else(|e| e.into_inner());
-        m.contains_key(&qpn)
+    /// Adds `qp` unless a UD QP of its number lives; whether it was added.
+    pub(crate) fn add_ud_qp_if_absent(&self, qp: Arc<UdShared>) -> bool {
+        let mut m = self.ud_qps.write().unwrap_or_else(|e| e.into_inner());
+        if m.contains_key(&qp.qpn) {
+            return false;
+        }
+        m.insert(qp.qpn, qp);
+        self.ud_qp_count.store(m.len(), Ordering::Release);
+        true
     }
 
     pub(crate) fn remove_ud_qp(&self, qpn: u32) {

@@ -81,10 +81,8 @@ impl ProtectionDomain {
         {
             return Err(Error::Mismatch("a completion queue"));
         }
+        let fixed = qpn;
         let qpn = match qpn {
-            Some(n) if shared.ud_qp_exists(n) => {
-                return Err(Error::InvalidArgument(format!("QP{n} exists already")))
-            }
             Some(n) => n,
             None => shared.allocate_qpn()?,
         };
@@ -98,7 +96,14 @@ impl ProtectionDomain {
             attr.srq.map(|s| s.inner.clone()),
             socket,
         ));
-        shared.add_ud_qp(ud.clone());
+        if fixed.is_some() {
+            // A fixed number (QP1) is taken only if free, checked and taken under one lock.
+            if !shared.add_ud_qp_if_absent(ud.clone()) {
+                return Err(Error::InvalidArgument(format!("QP{qpn} exists already")));
+            }
+        } else {
+            shared.add_ud_qp(ud.clone());
+        }
         Ok(UdQueuePair::new(ud, self.ctx.clone()))
     }
 

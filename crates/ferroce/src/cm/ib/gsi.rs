@@ -42,7 +42,8 @@ impl std::fmt::Debug for GsiPort {
 /// The source GID of a UD receive, from the 40 bytes of GRH it starts with (the IPv4 header
 /// in the last 20 over IPv4, the IPv6 header over IPv6).
 pub fn source_gid(grh: &[u8; GRH_LEN]) -> [u8; 16] {
-    let ip: IpAddr = if grh[20] >> 4 == 4 {
+    // An IPv6 GRH starts with its version (6); over IPv4 the first 20 bytes are zero.
+    let ip: IpAddr = if grh[0] >> 4 != 6 && grh[20] >> 4 == 4 {
         IpAddr::V4(Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]))
     } else {
         let mut a = [0u8; 16];
@@ -155,5 +156,25 @@ impl MadPort for GsiPort {
             }
             self.recv_cq.req_notify(false).map_err(io_err)?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_of_an_ipv4_and_of_an_ipv6_grh() {
+        let mut v4 = [0u8; GRH_LEN];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[10, 1, 2, 3]);
+        let want: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(source_gid(&v4), super::super::ip::gid_of(want));
+        // An IPv6 source whose 13th byte looks like an IPv4 header's first.
+        let src: Ipv6Addr = "2001:db8::4a00:1".parse().unwrap();
+        let mut v6 = [0u8; GRH_LEN];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&src.octets());
+        assert_eq!(source_gid(&v6), src.octets());
     }
 }

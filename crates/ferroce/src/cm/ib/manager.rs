@@ -43,6 +43,11 @@ pub type ConnId = u32;
 /// is rejected with "no resources" instead of growing memory.
 pub const MAX_PENDING: usize = 1024;
 
+/// How long a received REQ waits for the application's accept or reject: past the longest a
+/// peer waits (its 15 retries, each held by an MRA for 2^24 × 4 µs, are longer, but the kernel's
+/// rdma_cm gives up on a connection after its own timeouts well before).
+pub const ACCEPT_WAIT: Duration = Duration::from_secs(120);
+
 /// How long a connection stays in time-wait, answering duplicate DREQs.
 pub const TIME_WAIT: Duration = Duration::from_secs(2);
 
@@ -72,6 +77,9 @@ pub struct Outgoing {
 pub struct ConnectParams {
     /// The GID of the passive side (its QP1).
     pub dest_gid: [u8; 16],
+    /// The local GID the connection is from (the manager's own when `None`): the REQ's path
+    /// names it, and the peer sends there.
+    pub local_gid: Option<[u8; 16]>,
     /// The service to connect to.
     pub service_id: u64,
     /// The local QP's number.
@@ -327,7 +335,7 @@ impl CmManager {
         let path = CmPath {
             local_lid: 0xffff,
             remote_lid: 0xffff,
-            local_gid: self.local_gid,
+            local_gid: p.local_gid.unwrap_or(self.local_gid),
             remote_gid: p.dest_gid,
             hop_limit: 64,
             local_ack_timeout: 19,
@@ -503,6 +511,15 @@ impl CmManager {
                 } else {
                     MessageKind::Rep
                 };
+                // As the kernel's `cm_destroy_id`: a REQ given up on is rejected for timeout,
+                // with this CA's GUID as the ARI (the peer finds the connection by it, since
+                // it never learned this side's communication ID); anything later is the
+                // consumer's rejection.
+                let (reason, ari) = if c.state == State::ReqSent {
+                    (rej_reason::TIMEOUT, self.ca_guid.to_be_bytes().to_vec())
+                } else {
+                    (rej_reason::CONSUMER_DEFINED, Vec::new())
+                };
                 self.send(
                     gid,
                     &CmMad {
@@ -512,8 +529,8 @@ impl CmManager {
                             local_comm_id: conn,
                             remote_comm_id: remote,
                             message_rejected: rejected,
-                            reason: rej_reason::TIMEOUT,
-                            ari: Vec::new(),
+                            reason,
+                            ari,
                             private_data: Vec::new(),
                         }),
                     },
@@ -600,7 +617,9 @@ impl CmManager {
             message: CmMessage::SidrRep(answer),
         };
         let bytes = self.send(to_gid, &mad)?;
-        self.sidr_answered.insert(key, (bytes, now + TIME_WAIT));
+        if self.sidr_answered.len() < MAX_PENDING {
+            self.sidr_answered.insert(key, (bytes, now + TIME_WAIT));
+        }
         Ok(())
     }
 
@@ -634,6 +653,11 @@ impl CmManager {
             let c = self.conns.get_mut(&id).expect("listed");
             if c.state == State::TimeWait {
                 self.forget(id);
+                continue;
+            }
+            if c.state == State::ReqReceived {
+                self.forget(id);
+                self.events.push_back(CmEvent::Unreachable { conn: id });
                 continue;
             }
             if c.retries_left == 0 {
@@ -709,12 +733,24 @@ impl CmManager {
                 }
             }
             CmMessage::Rej(rej) => {
-                let conn = rej.remote_comm_id;
+                // A REJ names this side's communication ID, or, from a peer that gives up on
+                // its REQ before hearing the REP, only its own (and 0 for this side's).
+                let conn = if self.conns.contains_key(&rej.remote_comm_id) {
+                    rej.remote_comm_id
+                } else {
+                    match self.by_remote.get(&(from_gid, rej.local_comm_id)) {
+                        Some(&c) => c,
+                        None => return,
+                    }
+                };
                 let ours = self.conns.get(&conn).is_some_and(|c| {
                     c.remote_gid == from_gid
                         && matches!(
                             c.state,
-                            State::ReqSent | State::RepSent | State::RepReceived
+                            State::ReqSent
+                                | State::RepSent
+                                | State::RepReceived
+                                | State::ReqReceived
                         )
                         && (c.state == State::ReqSent || c.remote_comm_id == rej.local_comm_id)
                 });
@@ -770,13 +806,19 @@ impl CmManager {
                         req: Box::new(req),
                     });
                 } else {
-                    let answer = SidrRep {
-                        request_id: req.request_id,
-                        status: 1,
-                        service_id: req.service_id,
-                        ..Default::default()
+                    // "No such service", answered without keeping state: a flood of requests
+                    // for unknown services costs nothing but the answers.
+                    let answer = CmMad {
+                        transaction_id: tid,
+                        attribute_modifier: 0,
+                        message: CmMessage::SidrRep(SidrRep {
+                            request_id: req.request_id,
+                            status: 1,
+                            service_id: req.service_id,
+                            ..Default::default()
+                        }),
                     };
-                    let _ = self.answer_service(now, from_gid, tid, answer);
+                    let _ = self.send(from_gid, &answer);
                 }
             }
             CmMessage::SidrRep(rep) => {
@@ -865,13 +907,15 @@ impl CmManager {
                 remote_qpn: req.local_qpn,
                 transaction_id: tid,
                 last_sent: None,
-                deadline: None,
+                // An application that never answers holds the request this long, then it is
+                // dropped (the peer has given up by then), so unanswered requests cannot fill
+                // the `MAX_PENDING` places for good.
+                deadline: Some(now + ACCEPT_WAIT),
                 retries_left: MAX_CM_RETRIES,
                 peer_response: cm_time(req.local_cm_response_timeout.clamp(12, 21)),
             },
         );
         self.by_remote.insert((from, req.local_comm_id), conn);
-        let _ = now;
         self.events.push_back(CmEvent::Request {
             conn,
             from_gid: from,

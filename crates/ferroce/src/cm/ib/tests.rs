@@ -87,6 +87,7 @@ impl Pair {
     fn connect(&mut self) -> ConnId {
         let params = ConnectParams {
             dest_gid: B,
+            local_gid: None,
             service_id: service_id(port_space::TCP, 7174),
             qpn: 0x22,
             starting_psn: 0x1234,
@@ -296,6 +297,71 @@ fn refusals_carry_their_reason() {
         p.b.listen(service_id(port_space::TCP, 7174)),
         Err(CommandError::Busy(_))
     ));
+}
+
+#[test]
+fn a_req_given_up_reaches_the_passive_side_as_a_rejection_by_guid() {
+    let mut p = Pair::new();
+    let a = p.connect();
+    let Some(CmEvent::Request { conn: b, .. }) = p.events_b.pop() else {
+        panic!("B has the request")
+    };
+    // A gives up before any REP: its REJ says "timeout" with its CA GUID as the ARI and names
+    // only its own communication ID (it never learned B's), as the kernel's does.
+    p.a.disconnect(p.now, a, &[]).unwrap();
+    let out = p.a.poll_transmit().unwrap();
+    let CmMessage::Rej(rej) = CmMad::parse(&out.mad).unwrap().message else {
+        panic!("a REJ")
+    };
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id, rej.local_comm_id),
+        (rej_reason::TIMEOUT, 0, a)
+    );
+    assert_eq!(rej.ari, 1u64.to_be_bytes(), "A's CA GUID");
+    p.b.handle_mad(p.now, A, &out.mad);
+    p.deliver();
+    let Some(CmEvent::Rejected { conn, reason, .. }) = p.events_b.pop() else {
+        panic!("B hears it: {:?}", p.events_b)
+    };
+    assert_eq!((conn, reason), (b, rej_reason::TIMEOUT));
+    assert_eq!(p.b.connections(), 0);
+    // Abandoning after the REP (or as the passive side) is the consumer's rejection.
+    let mut p = Pair::new();
+    p.connect();
+    let b = p.accept();
+    p.b.disconnect(p.now, b, &[]).unwrap();
+    let out = p.b.poll_transmit().unwrap();
+    let CmMessage::Rej(rej) = CmMad::parse(&out.mad).unwrap().message else {
+        panic!("a REJ")
+    };
+    assert_eq!(rej.reason, rej_reason::CONSUMER_DEFINED);
+}
+
+#[test]
+fn a_request_nobody_answers_is_dropped_after_the_accept_wait() {
+    let mut m = CmManager::new(B, 2, 7);
+    m.listen(service_id(port_space::TCP, 1)).unwrap();
+    let start = Instant::now();
+    let req = CmMad {
+        transaction_id: 1,
+        attribute_modifier: 0,
+        message: CmMessage::Req(ferroce_wire::cm::Req {
+            local_comm_id: 9,
+            service_id: service_id(port_space::TCP, 1),
+            ..Default::default()
+        }),
+    };
+    m.handle_mad(start, A, &req.to_bytes().unwrap());
+    let Some(CmEvent::Request { conn, .. }) = m.poll_event() else {
+        panic!()
+    };
+    assert_eq!(m.poll_timeout(), Some(start + ACCEPT_WAIT));
+    m.handle_timeout(start + ACCEPT_WAIT);
+    assert_eq!(m.poll_event(), Some(CmEvent::Unreachable { conn }));
+    assert_eq!(m.connections(), 0);
+    assert!(m
+        .accept(start + ACCEPT_WAIT, conn, AcceptParams::default())
+        .is_err());
 }
 
 #[test]
