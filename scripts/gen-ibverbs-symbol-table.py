@@ -2,7 +2,8 @@
 """Writes crates/ferroce-ibverbs/SYMBOLS.md: every symbol the drop-in libraries export, in its
 version node, and what ferroce does with it. Read from the sources: a symbol named in one of the
 unsupported-call macros (`returns_errno!`, `returns_null!`, `returns_minus_one!`,
-`does_nothing!`) is not supported (or a no-op); every other exported symbol is implemented.
+`does_nothing!`) is not supported (or a no-op), with the reason a `// why:` comment right
+above the macro gives; every other exported symbol is implemented.
 `--check` compares the committed file with what the sources say (the test suite runs it)."""
 import pathlib
 import re
@@ -19,13 +20,26 @@ KIND = {
 }
 
 
+MACRO = re.compile(
+    r"(?:^[ \t]*// why: (.*)\n((?:^[ \t]*// .*\n)*))?"
+    r"^[ \t]*(returns_errno|returns_null|returns_minus_one|does_nothing)!\s*\(([^)]*)\)",
+    re.MULTILINE,
+)
+
+
 def macro_names():
+    """Every name in an unsupported-call macro: (macro, why), `why` from a `// why:` comment
+    right above the macro (continued on the `//` lines after it), or None."""
     found = {}
-    for src in sorted((CRATE / "src").glob("*.rs")):
+    for src in sorted((CRATE / "src").rglob("*.rs")):
         text = src.read_text()
-        for m in re.finditer(r"\b(returns_errno|returns_null|returns_minus_one|does_nothing)!\s*\(([^)]*)\)", text):
-            for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", m.group(2)):
-                found[name] = m.group(1)
+        for m in MACRO.finditer(text):
+            why = None
+            if m.group(1):
+                more = [l.strip()[3:] for l in (m.group(2) or "").splitlines()]
+                why = " ".join([m.group(1).strip()] + more)
+            for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", m.group(4)):
+                found[name] = (m.group(3), why)
     return found
 
 
@@ -35,7 +49,10 @@ def table(lib, symbols_file, unsupported):
         if not line.strip():
             continue
         version, name = line.split()
-        status = KIND[unsupported[name]] if name in unsupported else "implemented"
+        status = "implemented"
+        if name in unsupported:
+            kind, why = unsupported[name]
+            status = KIND[kind] + (f"; why: {why}" if why else "")
         rows.append((name, version, status))
     done = sum(1 for r in rows if r[2] == "implemented")
     out = [f"## {lib}: {len(rows)} symbols, {done} implemented", "",

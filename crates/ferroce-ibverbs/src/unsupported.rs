@@ -12,10 +12,15 @@
 
 use std::ffi::c_char;
 
+// why: multicast groups are not built (a UD multicast group needs the fabric's membership:
+// IGMP on Ethernet, the subnet manager on InfiniBand)
+returns_errno!(ibv_attach_mcast, ibv_detach_mcast);
+
+// why: the kernel's neighbour lookup for a GID; RoCE over UDP sockets needs no L2 address
+returns_errno!(ibv_resolve_eth_l2_from_gid);
+
+// why: rdma-core's provider libraries' commands to a kernel device, which ferroce has none of
 returns_errno!(
-    ibv_attach_mcast,
-    ibv_detach_mcast,
-    ibv_resolve_eth_l2_from_gid,
     execute_ioctl,
     ibv_cmd_advise_mr,
     ibv_cmd_alloc_dm,
@@ -78,6 +83,8 @@ returns_errno!(
     ibv_cmd_resize_cq,
 );
 
+// why: not built: objects shared from another process's context, dma-buf memory, extended
+// QPs (`ibv_wr_*`), and rdma-core's internal device-open path
 returns_null!(
     ibv_import_device,
     ibv_import_mr,
@@ -89,6 +96,7 @@ returns_null!(
     verbs_open_device,
 );
 
+// why: a kernel device's sysfs files, which ferroce's devices have none of
 returns_minus_one!(ibv_read_sysfs_file, ibv_read_ibdev_sysfs_file);
 
 does_nothing!(
