@@ -486,3 +486,109 @@ fn hostile_mads_are_counted_or_answered_never_trusted() {
     }
     assert_eq!(refused, 3);
 }
+
+/// One end of an in-memory QP1 link: what `send` writes the other end's `recv` reads; the first
+/// `drop_first` MADs sent are lost.
+struct MemPort {
+    me: [u8; 16],
+    tx: std::sync::Mutex<std::sync::mpsc::Sender<([u8; 16], Vec<u8>)>>,
+    rx: std::sync::Mutex<std::sync::mpsc::Receiver<([u8; 16], Vec<u8>)>>,
+    drop_first: std::sync::atomic::AtomicUsize,
+}
+
+impl super::agent::MadPort for MemPort {
+    fn send(&self, _dest: [u8; 16], mad: &[u8; ferroce_wire::mad::MAD_LEN]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.drop_first.load(Relaxed) > 0 {
+            self.drop_first.fetch_sub(1, Relaxed);
+            return Ok(());
+        }
+        let _ = self.tx.lock().unwrap().send((self.me, mad.to_vec()));
+        Ok(())
+    }
+
+    fn recv(&self, timeout: Duration) -> std::io::Result<Option<([u8; 16], Vec<u8>)>> {
+        Ok(self.rx.lock().unwrap().recv_timeout(timeout).ok())
+    }
+}
+
+#[test]
+fn agent_threads_drive_a_connection_and_its_retries() {
+    use super::agent::CmAgent;
+    use std::sync::mpsc::{channel, Receiver};
+    let (to_b, from_a) = channel();
+    let (to_a, from_b) = channel();
+    let port = |me, tx, rx, drop_first| MemPort {
+        me,
+        tx: std::sync::Mutex::new(tx),
+        rx: std::sync::Mutex::new(rx),
+        drop_first: std::sync::atomic::AtomicUsize::new(drop_first),
+    };
+    // A's first MAD (its REQ) is lost: A's thread must send it again on its own.
+    let (events_a, seen_a) = channel();
+    let (events_b, seen_b) = channel();
+    let a = CmAgent::start(
+        CmManager::new(A, 1, 0x5000),
+        Box::new(port(A, to_b, from_b, 1)),
+        Box::new(move |e| {
+            let _ = events_a.send(e);
+        }),
+    )
+    .unwrap();
+    let mut mb = CmManager::new(B, 2, 0x1000);
+    mb.listen(service_id(port_space::TCP, 1)).unwrap();
+    let b = CmAgent::start(
+        mb,
+        Box::new(port(B, to_a, from_a, 0)),
+        Box::new(move |e| {
+            let _ = events_b.send(e);
+        }),
+    )
+    .unwrap();
+    let next = |r: &Receiver<CmEvent>| r.recv_timeout(Duration::from_secs(10)).expect("an event");
+    let started = Instant::now();
+    let params = ConnectParams {
+        dest_gid: B,
+        local_gid: None,
+        service_id: service_id(port_space::TCP, 1),
+        qpn: 0x22,
+        starting_psn: 1,
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        path_mtu: 3,
+        transport_type: 0,
+        srq: false,
+        ece: (0, 0),
+        private_data: Vec::new(),
+    };
+    let conn_a = a.command(|m, now| m.connect(now, params)).unwrap();
+    let CmEvent::Request { conn: conn_b, .. } = next(&seen_b) else {
+        panic!("a request")
+    };
+    assert!(
+        started.elapsed() >= cm_time(RESPONSE_TIMEOUT),
+        "the REQ came again, after its wait"
+    );
+    b.command(|m, now| {
+        m.accept(
+            now,
+            conn_b,
+            AcceptParams {
+                qpn: 0x33,
+                ..Default::default()
+            },
+        )
+    })
+    .unwrap();
+    let CmEvent::Reply { conn, rep, .. } = next(&seen_a) else {
+        panic!("a reply")
+    };
+    assert_eq!((conn, rep.local_qpn), (conn_a, 0x33));
+    a.command(|m, _| m.ready_to_use(conn_a, &[])).unwrap();
+    assert_eq!(next(&seen_b), CmEvent::Established { conn: conn_b });
+    a.command(|m, now| m.disconnect(now, conn_a, &[])).unwrap();
+    assert_eq!(next(&seen_b), CmEvent::Disconnected { conn: conn_b });
+    assert_eq!(next(&seen_a), CmEvent::Disconnected { conn: conn_a });
+}
