@@ -64,9 +64,7 @@ pub(super) fn write_sockaddr(dst: &mut sockaddr_storage, a: SocketAddr) {
     }
 }
 
-pub(super) fn gid_of(ip: IpAddr) -> [u8; 16] {
-    ferroce::gid_of(ip).octets()
-}
+pub(super) use ferroce::cm::ib::ip::gid_of;
 
 /// Fills the id's route for a connection from `src` to `dst` on `dev`.
 pub(super) fn set_route(id: &mut CmId, dev: Device, src: SocketAddr, dst: Option<SocketAddr>) {

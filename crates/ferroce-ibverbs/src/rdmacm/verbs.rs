@@ -62,15 +62,18 @@ pub(super) struct Verbs {
     pub(super) set_ece: EceFn,
 }
 
+/// The function `name` among the process's loaded objects (`dlsym` with `RTLD_DEFAULT`).
+pub(super) fn find_symbol(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the loaded objects.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
 pub(super) fn verbs() -> Option<&'static Verbs> {
     static VERBS: OnceLock<Option<Verbs>> = OnceLock::new();
     VERBS
         .get_or_init(|| {
-            let find = |name: &CStr| {
-                // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the loaded objects.
-                let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-                (!p.is_null()).then_some(p)
-            };
+            let find = find_symbol;
             // SAFETY: each symbol is libibverbs' function of that name, whose C signature is
             // the one declared in the field.
             // The symbol `$name`, as the function type `$ty`.

@@ -21,7 +21,7 @@
 //! no route and is dropped, never a dangling id.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -54,11 +54,7 @@ unsafe impl Sync for CGsi {}
 
 impl CGsi {
     fn open(ctx: *mut ibv_context) -> Option<CGsi> {
-        let find = |name: &CStr| {
-            // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the loaded objects.
-            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-            (!p.is_null()).then_some(p)
-        };
+        let find = find_symbol;
         // SAFETY: each symbol is libibverbs' (ferroce's) function of that name, with the C
         // signature of the type it is read as (see its `gsi` module).
         let (open, send, recv, close) = unsafe {

@@ -123,21 +123,15 @@ impl IpHeader {
     }
 }
 
-/// The GID of an IP address as RoCE v2 uses it (IPv4-mapped for IPv4).
+/// The GID of an IP address as RoCE v2 uses it ([`crate::gid_of`], as the bytes a MAD
+/// carries).
 pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
+    crate::gid_of(ip).octets()
 }
 
-/// The IP address of a RoCE v2 GID.
+/// The IP address of a RoCE v2 GID as a MAD carries it ([`crate::ip_of`]).
 pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(gid);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
+    crate::ip_of(Ipv6Addr::from(gid))
 }
 
 #[cfg(test)]
