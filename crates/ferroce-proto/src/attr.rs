@@ -61,6 +61,46 @@ pub enum PostError {
     /// An atomic whose local buffer is not exactly one 8-byte element.
     #[error("an atomic needs exactly one 8-byte local buffer")]
     BadAtomicBuffer,
+    /// An operation the QP's transport service does not carry (READ, atomics and SEND with
+    /// invalidate on a UC QP).
+    #[error("a {0} QP does not carry this operation")]
+    NotOnService(Service),
+}
+
+/// The transport service of a connected queue pair (IBTA 9.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Service {
+    /// Reliable connection: acknowledged, retried, in order, exactly once; every operation.
+    #[default]
+    Rc,
+    /// Unreliable connection: SEND, WRITE and WRITE with immediate only; nothing is
+    /// acknowledged or retried, a send completes once its last packet has left, and a message
+    /// that loses a packet is dropped whole at the receiver (see [`crate::uc`]).
+    Uc,
+}
+
+impl Service {
+    /// rdma-core's name for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Service::Rc => "RC",
+            Service::Uc => "UC",
+        }
+    }
+
+    /// Whether this service carries `op`.
+    pub const fn carries(self, op: crate::wr::SendOp) -> bool {
+        match self {
+            Service::Rc => true,
+            Service::Uc => !op.is_read_or_atomic() && !matches!(op, crate::wr::SendOp::SendWithInvalidate(_)),
+        }
+    }
+}
+
+impl core::fmt::Display for Service {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The largest message the IBTA allows.

@@ -125,6 +125,10 @@ counters! {
         /// CNPs received while the QP was not sending (not in RTS or SQD), and so ignored
         /// (`rp_cnp_ignored`, mlx5's name).
         rp_cnp_ignored,
+        /// UC request packets dropped because a packet of their message was missing: those
+        /// after a gap until the next message starts, and the rest of a message the responder
+        /// refused (see [`crate::uc`]).
+        uc_dropped_packets,
     }
 }
 
@@ -174,6 +178,7 @@ mod tests {
             np_cnp_sent: 36,
             rp_cnp_handled: 37,
             rp_cnp_ignored: 38,
+            uc_dropped_packets: 39,
         }
     }
 

@@ -24,9 +24,10 @@ pub mod rtt;
 pub mod sack;
 pub mod sim;
 pub mod time;
+pub mod uc;
 pub mod wr;
 
-pub use attr::{InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr};
+pub use attr::{InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr, Service};
 pub use cc::{CcAlgorithm, CcConfig};
 pub use completion::{WcOpcode, WcStatus, WorkCompletion};
 pub use counters::Counters;

@@ -29,7 +29,8 @@ use ferroce_wire::opcode::Operation;
 use ferroce_wire::{Opcode, PacketRepr, Psn, RocePacket, WireError};
 
 use crate::attr::{
-    ack_timeout, InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr, MAX_MESSAGE_LEN,
+    ack_timeout, InitAttr, PathMtu, PostError, QpCaps, QpError, RtrAttr, RtsAttr, Service,
+    MAX_MESSAGE_LEN,
 };
 use crate::cc::CcConfig;
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
@@ -40,6 +41,7 @@ use crate::reorder::{NotHeld, ReorderBuffer};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::time::Instant;
+use crate::uc::UcSender;
 use crate::wr::{RecvWr, SendWr};
 
 /// The states of a queue pair (IBTA 10.3.1).
@@ -100,6 +102,8 @@ pub(crate) struct Params {
     /// The peer keeps packets that arrive after a gap, and so does this side (negotiated; see
     /// [`QueuePair::set_selective_repeat`]).
     pub selective_repeat: bool,
+    /// RC or UC, fixed at creation.
+    pub service: Service,
 }
 
 /// What the requester and responder share with the QP during one call.
@@ -121,13 +125,15 @@ pub(crate) type CompletionQueue = VecDeque<WorkCompletion>;
 /// send queue, so unacknowledged requests never fill it.
 pub const UNASKED_RUN: u32 = 16;
 
-/// An RC queue pair.
+/// A connected queue pair: RC, or UC (see [`crate::uc`]).
 #[derive(Debug)]
 pub struct QueuePair {
     params: Params,
     caps: QpCaps,
     state: QpState,
     pub(crate) req: Requester,
+    /// The send side of a UC QP (an RC QP sends through `req`).
+    uc: UcSender,
     pub(crate) resp: Responder,
     /// Requests kept ahead of a gap (selective repeat only).
     reorder: ReorderBuffer,
@@ -144,8 +150,13 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
-    /// A new QP in the RESET state.
+    /// A new RC QP in the RESET state.
     pub fn new(qpn: u32, pd: u32, caps: QpCaps) -> QueuePair {
+        QueuePair::with_service(qpn, pd, caps, Service::Rc)
+    }
+
+    /// A new QP of `service` in the RESET state.
+    pub fn with_service(qpn: u32, pd: u32, caps: QpCaps, service: Service) -> QueuePair {
         QueuePair {
             params: Params {
                 qpn: qpn & 0x00ff_ffff,
@@ -164,10 +175,12 @@ impl QueuePair {
                 unasked_run: 0,
                 cc: crate::cc::CcConfig::default(),
                 selective_repeat: false,
+                service,
             },
             caps,
             state: QpState::Reset,
             req: Requester::default(),
+            uc: UcSender::default(),
             resp: Responder::default(),
             reorder: ReorderBuffer::default(),
             sack_due: false,
@@ -185,6 +198,12 @@ impl QueuePair {
     #[inline]
     pub fn access(&self) -> Access {
         self.params.access
+    }
+
+    /// RC or UC.
+    #[inline]
+    pub fn service(&self) -> Service {
+        self.params.service
     }
 
     /// The QP number.
@@ -220,7 +239,7 @@ impl QueuePair {
     }
     /// Send requests posted and not yet completed.
     pub fn send_queue_len(&self) -> usize {
-        self.req.len()
+        self.req.len() + self.uc.len()
     }
     /// Receive requests posted and not yet consumed.
     pub fn recv_queue_len(&self) -> usize {
@@ -228,11 +247,18 @@ impl QueuePair {
     }
     /// The next PSN this QP will give a new request.
     pub fn next_send_psn(&self) -> Psn {
-        self.req.next_psn()
+        match self.params.service {
+            Service::Rc => self.req.next_psn(),
+            Service::Uc => self.uc.next_psn(),
+        }
     }
-    /// The oldest PSN this QP sent that is not yet acknowledged.
+    /// The oldest PSN this QP sent that is not yet acknowledged (UC: the next PSN, since
+    /// nothing waits for an acknowledgement).
     pub fn unacked_psn(&self) -> Psn {
-        self.req.una()
+        match self.params.service {
+            Service::Rc => self.req.una(),
+            Service::Uc => self.uc.next_psn(),
+        }
     }
     /// The PSN this QP expects next from its peer.
     pub fn expected_psn(&self) -> Psn {
@@ -241,7 +267,7 @@ impl QueuePair {
     /// Whether the send queue is drained: nothing posted is waiting or unacknowledged.
     #[inline]
     pub fn is_send_queue_empty(&self) -> bool {
-        self.req.len() == 0
+        self.req.len() == 0 && self.uc.len() == 0
     }
 
     // ---- state transitions --------------------------------------------------------------
@@ -299,7 +325,10 @@ impl QueuePair {
         self.params.retry_cnt = attr.retry_cnt;
         self.params.rnr_retry = attr.rnr_retry;
         self.params.max_rd_atomic = attr.max_rd_atomic.max(1);
-        self.req.start(attr.sq_psn, &self.params);
+        match self.params.service {
+            Service::Rc => self.req.start(attr.sq_psn, &self.params),
+            Service::Uc => self.uc.start(attr.sq_psn),
+        }
         self.state = QpState::Rts;
         Ok(())
     }
@@ -327,6 +356,7 @@ impl QueuePair {
     pub fn reset(&mut self) {
         self.state = QpState::Reset;
         self.req = Requester::default();
+        self.uc = UcSender::default();
         self.resp = Responder::default();
         self.reorder.clear();
         self.completions.clear();
@@ -366,6 +396,8 @@ impl QueuePair {
     /// drops what follows a gap, so toward it a QP must keep go-back-N (the default). Allowed
     /// in any state.
     pub fn set_selective_repeat(&mut self, on: bool) {
+        // UC keeps nothing and resends nothing: there is nothing to repeat.
+        let on = on && self.params.service == Service::Rc;
         self.params.selective_repeat = on;
         self.req.set_selective_repeat(on);
         if !on {
@@ -438,6 +470,7 @@ impl QueuePair {
         self.reorder.clear();
         self.state = QpState::Error;
         self.req.flush(&self.params, &mut self.completions);
+        self.uc.flush(&self.params, &mut self.completions);
         self.resp.flush(&self.params, &mut self.completions);
     }
 
@@ -447,7 +480,10 @@ impl QueuePair {
     /// the flush status, as the IBTA requires.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
         if self.admit_send(&wr)? {
-            self.req.push(wr);
+            match self.params.service {
+                Service::Rc => self.req.push(wr),
+                Service::Uc => self.uc.push(wr, self.params.mtu),
+            }
         }
         Ok(())
     }
@@ -457,7 +493,10 @@ impl QueuePair {
     /// one request allocates nothing).
     pub fn post_send_copy(&mut self, wr: &SendWr) -> Result<(), PostError> {
         if self.admit_send(wr)? {
-            self.req.push_copy(wr);
+            match self.params.service {
+                Service::Rc => self.req.push_copy(wr),
+                Service::Uc => self.uc.push_copy(wr, self.params.mtu),
+            }
         }
         Ok(())
     }
@@ -465,7 +504,7 @@ impl QueuePair {
     /// The checks of a post; `Ok(false)` when the request completed at once (flushed in ERR).
     fn admit_send(&mut self, wr: &SendWr) -> Result<bool, PostError> {
         self.check_send(wr)?;
-        if self.req.len() >= self.caps.max_send_wr as usize {
+        if self.send_queue_len() >= self.caps.max_send_wr as usize {
             return Err(PostError::QueueFull(self.caps.max_send_wr));
         }
         if self.state == QpState::Error {
@@ -481,7 +520,7 @@ impl QueuePair {
     /// except the queue's capacity.
     #[inline]
     pub fn check_send(&self, wr: &SendWr) -> Result<(), PostError> {
-        check_send_request(self.state, &self.caps, wr)
+        check_send_request(self.state, &self.caps, self.params.service, wr)
     }
 
     /// The capacities the QP was created with (they never change).
@@ -631,9 +670,15 @@ impl QueuePair {
                 | Operation::RdmaReadResponse
                 | Operation::SelectiveAck
         );
-        // ferroce's SACK is taken only from a peer that negotiated selective repeat.
-        let transport_ok = info.transport == ferroce_wire::opcode::Transport::Rc
-            || (info.operation == Operation::SelectiveAck && self.params.selective_repeat);
+        // ferroce's SACK is taken only from a peer that negotiated selective repeat; a UC QP
+        // takes UC requests and nothing else (no response is ever owed to it).
+        let transport_ok = match self.params.service {
+            Service::Rc => {
+                info.transport == ferroce_wire::opcode::Transport::Rc
+                    || (info.operation == Operation::SelectiveAck && self.params.selective_repeat)
+            }
+            Service::Uc => info.transport == ferroce_wire::opcode::Transport::Uc && !is_response,
+        };
         let serves = if is_response {
             matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
         } else {
@@ -682,6 +727,9 @@ impl QueuePair {
         if is_response {
             self.req
                 .handle_response(&mut ctx, now, &repr, pkt.payload(), &mut self.completions);
+        } else if self.params.service == Service::Uc {
+            self.resp
+                .handle_uc_request(&mut ctx, now, &repr, pkt.payload(), &mut self.completions);
         } else {
             self.resp
                 .handle_request(&mut ctx, now, &repr, pkt.payload(), &mut self.completions);
@@ -790,9 +838,12 @@ impl QueuePair {
             .min();
         self.req.set_rate_cap(cap);
         if out.is_none() && matches!(self.state, QpState::Rts | QpState::Sqd) {
-            out = self
-                .req
-                .poll_transmit(&mut ctx, now, buf, &mut self.completions);
+            out = match self.params.service {
+                Service::Rc => self
+                    .req
+                    .poll_transmit(&mut ctx, now, buf, &mut self.completions),
+                Service::Uc => self.uc.poll_transmit(&mut ctx, buf, &mut self.completions),
+            };
         }
         let fatal = ctx.fatal;
         if let Some(n) = out {
@@ -843,10 +894,18 @@ impl QueuePair {
 /// Whether `wr` could be posted to a QP in `state` created with `caps` (what
 /// [`QueuePair::check_send`] checks, for a caller that knows both without holding the QP).
 #[inline]
-pub fn check_send_request(state: QpState, caps: &QpCaps, wr: &SendWr) -> Result<(), PostError> {
+pub fn check_send_request(
+    state: QpState,
+    caps: &QpCaps,
+    service: Service,
+    wr: &SendWr,
+) -> Result<(), PostError> {
     match state {
         QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error => {}
         s => return Err(PostError::InvalidState(s)),
+    }
+    if !service.carries(wr.op) {
+        return Err(PostError::NotOnService(service));
     }
     if wr.sgl.len() > caps.max_send_sge as usize {
         return Err(PostError::TooManySge {

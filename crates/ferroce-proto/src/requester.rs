@@ -183,7 +183,7 @@ fn paced_len(w: &SendWqe, k: u32) -> Option<u64> {
     Some((w.len - (u64::from(k) * mtu).min(w.len)).min(mtu))
 }
 
-fn packets_for(len: u64, mtu: u32) -> u32 {
+pub(crate) fn packets_for(len: u64, mtu: u32) -> u32 {
     (len.div_ceil(u64::from(mtu))).max(1) as u32
 }
 
@@ -202,7 +202,7 @@ pub(crate) fn flushed(p: &Params, wr: &SendWr) -> WorkCompletion {
     completion(p, wr, WcStatus::WorkRequestFlushed, 0)
 }
 
-fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkCompletion {
+pub(crate) fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkCompletion {
     WorkCompletion {
         wr_id: wr.wr_id,
         status,
@@ -1755,7 +1755,7 @@ fn data_opcode(op: SendOp, pos: Position) -> Opcode {
 
 /// Copies `out.len()` bytes of the message, from byte `offset`, out of the request's inline
 /// data or local buffers.
-fn gather(
+pub(crate) fn gather(
     mem: &mut dyn Memory,
     pd: u32,
     wr: &SendWr,

@@ -22,7 +22,7 @@ use ferroce_wire::atomic_ack_eth::AtomicAckEthRepr;
 use ferroce_wire::opcode::{Operation, Position};
 use ferroce_wire::{ExtHeaders, Opcode, PacketRepr, Psn};
 
-use crate::attr::{MAX_MESSAGE_LEN, MAX_RD_ATOMIC};
+use crate::attr::{Service, MAX_MESSAGE_LEN, MAX_RD_ATOMIC};
 use crate::completion::{WcOpcode, WcStatus, WorkCompletion};
 use crate::counters::Counters;
 use crate::emit;
@@ -110,6 +110,9 @@ pub(crate) struct Responder {
     /// The newest request accepted without an ACK being asked for or sent since, and when one
     /// is due for it (see [`UNASKED_ACK_DELAY`]).
     unasked: Option<(Psn, Instant)>,
+    /// UC only: the message under way lost a packet or was refused, and packets are skipped
+    /// until one starts a message (see [`crate::uc`]).
+    uc_dropping: bool,
 }
 
 /// How long the responder holds the acknowledgement of a request that did not ask for one
@@ -205,6 +208,7 @@ impl Responder {
         self.out.clear();
         self.resources.clear();
         self.unasked = None;
+        self.uc_dropping = false;
     }
 
     /// When the acknowledgement of an unasked request is due, if one is held.
@@ -396,6 +400,79 @@ impl Responder {
         }
     }
 
+    /// Handles one request packet of a UC QP (see [`crate::uc`]): placed as RC places it when
+    /// it continues the message under way at the expected PSN; after a gap, or behind a
+    /// message that was refused, skipped until a packet starts a message, which takes the PSN
+    /// sequence up from its own PSN. Nothing is answered.
+    pub fn handle_uc_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+        repr: &PacketRepr,
+        payload: &[u8],
+        cq: &mut CompletionQueue,
+    ) {
+        let psn = repr.bth.psn;
+        let Some(info) = repr.bth.opcode.info() else {
+            return;
+        };
+        if self.uc_dropping || psn != self.epsn {
+            if psn != self.epsn {
+                ctx.counters.out_of_seq_request += 1;
+            }
+            // The message under way is lost either way; a receive request it had begun to
+            // fill serves the next message.
+            self.abandon_uc_message();
+            if !info.position.starts_message() {
+                ctx.counters.uc_dropped_packets += 1;
+                self.uc_dropping = true;
+                return;
+            }
+            self.epsn = psn;
+            self.uc_dropping = false;
+        }
+        let verdict = self.execute(ctx, now, repr, info.operation, info.position, payload, cq);
+        match verdict {
+            Verdict::Ok => {}
+            Verdict::Rnr => {
+                ctx.counters.send_rnr_err += 1;
+                self.abandon_uc_message();
+                self.uc_dropping = true;
+            }
+            Verdict::Fatal(code, recv) => {
+                match code {
+                    NakCode::RemoteAccessError => ctx.counters.rkey_violations += 1,
+                    _ => ctx.counters.send_invalid_request += 1,
+                }
+                match recv {
+                    Some((wr, WcStatus::LocalProtectionError, opcode)) => {
+                        // This side's own buffers refused the data: a local error, which
+                        // ends the QP as it does on RC.
+                        cq.push_back(recv_completion(
+                            ctx.p,
+                            wr.wr_id,
+                            WcStatus::LocalProtectionError,
+                            opcode,
+                        ));
+                        ctx.fatal = true;
+                    }
+                    Some((wr, ..)) => self.rq.push_front(wr),
+                    None => {}
+                }
+                self.abandon_uc_message();
+                self.uc_dropping = true;
+            }
+        }
+    }
+
+    /// Drops the UC message under way; the receive request it had begun to fill goes back to
+    /// the head of the queue.
+    fn abandon_uc_message(&mut self) {
+        if let Some(Inbound::Send { recv, .. }) = self.inbound.take() {
+            self.rq.push_front(recv);
+        }
+    }
+
     fn duplicate(&mut self, ctx: &mut Ctx<'_>, repr: &PacketRepr) {
         let psn = repr.bth.psn;
         let op = repr.bth.opcode;
@@ -564,7 +641,9 @@ impl Responder {
             if position.ends_message() {
                 self.msn = (self.msn + 1) & 0x00ff_ffff;
             }
-            if repr.bth.ack_req {
+            if p.service == Service::Uc {
+                // UC acknowledges nothing.
+            } else if repr.bth.ack_req {
                 ctx.counters.acks_sent += 1;
                 self.queue_ack(psn);
             } else {

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferroce_proto::{Access, QpCaps};
+use ferroce_proto::{Access, QpCaps, Service};
 
 use super::context::ContextInner;
 use super::mr::{MemoryRegion, MrInner};
@@ -127,6 +127,16 @@ impl ProtectionDomain {
 
     /// Creates an RC queue pair in the RESET state.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        self.create_connected_qp(attr, Service::Rc)
+    }
+
+    /// Creates a UC queue pair in the RESET state: connected as an RC QP is, SEND and WRITE
+    /// only, nothing acknowledged or sent again (see `ferroce_proto::uc`).
+    pub fn create_uc_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        self.create_connected_qp(attr, Service::Uc)
+    }
+
+    fn create_connected_qp(&self, attr: &QpInitAttr<'_>, service: Service) -> Result<QueuePair> {
         let shared = &self.ctx.shared;
         if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx)
         {
@@ -135,7 +145,7 @@ impl ProtectionDomain {
         let caps: QpCaps = attr.caps;
         let qpn = shared.allocate_qpn()?;
         let udp = QpSocket::open(shared.local.ip(), shared.udp.tos)?;
-        let mut proto = ferroce_proto::QueuePair::new(qpn, self.id, caps);
+        let mut proto = ferroce_proto::QueuePair::with_service(qpn, self.id, caps, service);
         proto.set_congestion_control(shared.congestion);
         let qp = Arc::new(QpShared {
             qpn,

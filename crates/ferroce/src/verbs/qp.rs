@@ -1,4 +1,4 @@
-//! Reliable-connection queue pairs of the verbs API.
+//! Connected queue pairs of the verbs API: reliable (RC) and unreliable (UC).
 //!
 //! A [`QueuePair`] wraps the transport's [`ferroce_proto::QueuePair`] behind a lock shared with
 //! the engine (see `qp_core`): posting is a call on the transport (so errors come back at once,
@@ -11,7 +11,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ferroce_proto::{Access, InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
+use ferroce_proto::{
+    Access, InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr,
+};
 
 use super::context::ContextInner;
 use super::cq::CompletionQueue;
@@ -51,7 +53,8 @@ impl<'a> QpInitAttr<'a> {
     }
 }
 
-/// A reliable-connection queue pair.
+/// A connected queue pair: RC ([`super::ProtectionDomain::create_qp`]) or UC
+/// ([`super::ProtectionDomain::create_uc_qp`]).
 #[derive(Debug)]
 pub struct QueuePair {
     pub(crate) shared: Arc<QpShared>,
@@ -231,10 +234,11 @@ impl QueuePair {
     /// A handle that posts to this QP from one thread at a time (it posts through `&mut`),
     /// and so may skip the QP's lock: see [`QpSender`].
     pub fn sender(&self) -> QpSender<'_> {
-        let (caps, pd) = self.with(|q| (q.caps(), q.pd()));
+        let (caps, service, pd) = self.with(|q| (q.caps(), q.service(), q.pd()));
         QpSender {
             qp: self,
             caps,
+            service,
             pd,
             peer: None,
             shortcut: None,

@@ -49,6 +49,8 @@ pub struct QpSender<'a> {
     pub(super) qp: &'a QueuePair,
     /// The QP's capacities and protection domain, fixed at its creation.
     pub(super) caps: QpCaps,
+    /// RC or UC (what the QP carries).
+    pub(super) service: ferroce_proto::Service,
     pub(super) pd: u32,
     /// This sender's way into the peer's memory, made from the link the QP has.
     pub(super) peer: Option<PeerMemory>,
@@ -130,7 +132,7 @@ impl QpSender<'_> {
                 _ => None,
             };
         }
-        ferroce_proto::qp::check_send_request(QpState::Rts, &self.caps, wr).ok()?;
+        ferroce_proto::qp::check_send_request(QpState::Rts, &self.caps, self.service, wr).ok()?;
         let peer = self.peer.as_mut()?;
         let ctx = &self.qp.ctx.shared;
         let opcode = direct::one_sided_op(ctx, peer, self.pd, wr)?;
