@@ -72,8 +72,8 @@ struct Srq {
 unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
     // SAFETY: the caller's contract; every QP this library makes starts with its `ibv_qp`.
     let c = unsafe { qp.as_ref() }?;
-    // SAFETY: `c` is the first field of the repr(C) `Qp` for a QP made as RC.
-    (c.qp_type == IBV_QPT_RC).then(|| unsafe { &*qp.cast::<Qp>() })
+    // SAFETY: `c` is the first field of the repr(C) `Qp` for a QP made as RC or UC.
+    (c.qp_type == IBV_QPT_RC || c.qp_type == IBV_QPT_UC).then(|| unsafe { &*qp.cast::<Qp>() })
 }
 
 /// # Safety
@@ -117,7 +117,8 @@ pub(crate) fn c_caps(caps: &QpCaps) -> ibv_qp_cap {
     }
 }
 
-/// `ibv_create_qp`: an RC QP in RESET; the caps it got are written back, as rdma-core does.
+/// `ibv_create_qp`: an RC, UC or UD QP in RESET; the caps it got are written back, as
+/// rdma-core does.
 #[no_mangle]
 unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     guard(std::ptr::null_mut(), || {
@@ -126,7 +127,7 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
             set_errno(libc::EINVAL);
             return std::ptr::null_mut();
         };
-        if init.qp_type != IBV_QPT_RC && init.qp_type != IBV_QPT_UD {
+        if ![IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD].contains(&init.qp_type) {
             set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
         }
@@ -158,14 +159,19 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
         if init.qp_type == IBV_QPT_UD {
             return crate::ud::create(p, pd, init, &attr);
         }
-        let inner = match p.inner.create_qp(&attr) {
+        let made = if init.qp_type == IBV_QPT_UC {
+            p.inner.create_uc_qp(&attr)
+        } else {
+            p.inner.create_qp(&attr)
+        };
+        let inner = match made {
             Ok(q) => q,
             Err(e) => {
                 set_errno(errno_of(&e));
                 return std::ptr::null_mut();
             }
         };
-        let (c, attr) = new_c_qp(p, pd, init, &caps, inner.qpn(), IBV_QPT_RC);
+        let (c, attr) = new_c_qp(p, pd, init, &caps, inner.qpn(), init.qp_type);
         let q = Box::new(Qp {
             c,
             poster: Mutex::new(None),
@@ -279,6 +285,34 @@ pub(crate) const RTS_NEEDS: u32 = IBV_QP_STATE
     | IBV_QP_RNR_RETRY
     | IBV_QP_MAX_QP_RD_ATOMIC;
 
+/// A UC QP's transitions (the kernel's `qp_state_table`): what each requires, and what else
+/// it may carry. The RC-only attributes (READ/atomic depths, timeouts, retry counts, the RNR
+/// timer) are refused with EINVAL, as the kernel refuses them for UC.
+pub(crate) const UC_RTR_NEEDS: u32 =
+    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+const UC_RTR_ALLOWS: u32 =
+    UC_RTR_NEEDS | IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
+pub(crate) const UC_RTS_NEEDS: u32 = IBV_QP_STATE | IBV_QP_SQ_PSN;
+const UC_RTS_ALLOWS: u32 = UC_RTS_NEEDS
+    | IBV_QP_CUR_STATE
+    | IBV_QP_ALT_PATH
+    | IBV_QP_ACCESS_FLAGS
+    | IBV_QP_PATH_MIG_STATE;
+
+/// Whether `mask` is what a transition of a QP of `qp_type` to `to` requires and allows: RC's
+/// requirements (more is taken and ignored, as before), UC's exactly.
+fn mask_fits(qp_type: ibv_qp_type, to: ibv_qp_state, mask: u32) -> bool {
+    let (needs, allows) = match (qp_type == IBV_QPT_UC, to) {
+        (true, IBV_QPS_RTR) => (UC_RTR_NEEDS, UC_RTR_ALLOWS),
+        (true, IBV_QPS_RTS) => (UC_RTS_NEEDS, UC_RTS_ALLOWS),
+        (_, IBV_QPS_INIT) => (INIT_NEEDS, u32::MAX),
+        (_, IBV_QPS_RTR) => (RTR_NEEDS, u32::MAX),
+        (_, IBV_QPS_RTS) => (RTS_NEEDS, u32::MAX),
+        _ => (IBV_QP_STATE, u32::MAX),
+    };
+    mask & needs == needs && mask & !allows == 0
+}
+
 fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
     let current = q.inner.state();
     if mask & IBV_QP_CUR_STATE != 0 && a.cur_qp_state != state_code(current) {
@@ -303,7 +337,7 @@ fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
         }
         (_, IBV_QPS_ERR) => q.inner.modify_to_error(),
         (QpState::Reset, IBV_QPS_INIT) => {
-            if mask & INIT_NEEDS != INIT_NEEDS {
+            if !mask_fits(q.c.qp_type, IBV_QPS_INIT, mask) {
                 return Err(libc::EINVAL);
             }
             if a.port_num != 1 || a.pkey_index != 0 {
@@ -319,7 +353,7 @@ fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
                 .map_err(err)?;
         }
         (QpState::Init, IBV_QPS_RTR) => {
-            if mask & RTR_NEEDS != RTR_NEEDS {
+            if !mask_fits(q.c.qp_type, IBV_QPS_RTR, mask) {
                 return Err(libc::EINVAL);
             }
             // RoCE has no LIDs: the peer is named by its GID, so the address must be global.
@@ -355,7 +389,7 @@ fn modify(q: &Qp, a: &ibv_qp_attr, mask: u32) -> Result<(), i32> {
                 .set_selective_repeat(both & ECE_SELECTIVE_REPEAT != 0);
         }
         (QpState::Rtr, IBV_QPS_RTS) => {
-            if mask & RTS_NEEDS != RTS_NEEDS {
+            if !mask_fits(q.c.qp_type, IBV_QPS_RTS, mask) {
                 return Err(libc::EINVAL);
             }
             // An initiator depth above ferroce's is served with ferroce's: the requester keeps
@@ -489,7 +523,7 @@ unsafe extern "C" fn ibv_query_qp(
                 recv_cq: q.c.recv_cq,
                 srq: q.c.srq,
                 cap: c_caps(&q.caps),
-                qp_type: IBV_QPT_RC,
+                qp_type: q.c.qp_type,
                 sq_sig_all: i32::from(q.sig_all),
             };
         }

@@ -465,6 +465,80 @@ fn ibv_rc_pingpong_between_two_processes_on_one_host() {
     }
 }
 
+/// UC: rdma-core's `ibv_uc_pingpong` (its `-c` checks every byte received) and perftest's
+/// `-c UC` WRITE bandwidth and latency between two processes, over shared memory and over UDP.
+/// Nothing is lost on these paths, so every message must arrive; what UC does with a loss is
+/// the transport's own tests' (`ferroce-proto/tests/uc.rs`). perftest's `ib_send_bw -c UC` is
+/// left out: its client may run ahead of the server's reposted receives, and UC drops what
+/// finds none, so the server may wait for ever (as over rxe).
+#[test]
+fn ibv_uc_pingpong_and_perftest_uc_between_two_processes_on_one_host() {
+    let cases: &[(&str, u32, u32, bool)] = &[
+        ("auto", 1, 500, false),
+        ("auto", 65536, 200, true),
+        ("udp", 4096, 500, false),
+        ("udp", 1 << 20, 20, true),
+    ];
+    for (i, &(provider, size, iters, events)) in cases.iter().enumerate() {
+        let port = 18640 + i as u16;
+        let args = |c: &mut Command| {
+            c.args(["-d", "ferroce_lo", "-g", "0", "-c", "-p"])
+                .arg(port.to_string())
+                .args(["-s", &size.to_string(), "-n", &iters.to_string()])
+                .env("FERROCE_PROVIDER", provider);
+            if events {
+                c.arg("-e");
+            }
+        };
+        let mut s = over_ferroce("ibv_uc_pingpong");
+        args(&mut s);
+        let mut c = over_ferroce("ibv_uc_pingpong");
+        args(&mut c);
+        c.arg("127.0.0.1");
+        let (st, ct) = pair(s, c, port);
+        for out in [&st, &ct] {
+            assert!(
+                out.contains(&format!("{} iters in", iters)),
+                "{provider} {size} B events={events}:\n{out}"
+            );
+            assert!(!out.contains("Failed"), "{out}");
+        }
+    }
+    for (i, provider) in ["auto", "udp"].into_iter().enumerate() {
+        for (j, run) in [
+            &["ib_write_bw", "-c", "UC", "-s", "65536", "-n", "2000"][..],
+            &["ib_write_lat", "-c", "UC", "-s", "8", "-n", "2000"][..],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let port = 18650 + (i * 2 + j) as u16;
+            let mk = || {
+                let mut c = over_ferroce(run[0]);
+                c.args(["-d", "ferroce_lo", "-x", "0", "-p", &port.to_string()])
+                    .args(&run[1..])
+                    .env("FERROCE_PROVIDER", provider);
+                c
+            };
+            let mut client = mk();
+            client.arg("127.0.0.1");
+            let (_, ct) = pair(mk(), client, port);
+            // The result row: the size, then the iterations.
+            let size = run[4];
+            let row = ct
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(size))
+                .unwrap_or_else(|| panic!("{provider} {run:?}: no result row\n{ct}"));
+            assert_eq!(
+                row.split_whitespace().nth(1),
+                Some("2000"),
+                "{provider} {run:?}:\n{ct}"
+            );
+            assert!(ct.contains("Transport type"), "{ct}");
+        }
+    }
+}
+
 /// Whether a perftest `-R` client failed the way perftest's own listener race ends (see
 /// [`perftest_pair`]): IB CM's "invalid service ID" REJ, status 8.
 fn perftest_lost_listener_race(client: &Output, client_text: &str) -> bool {

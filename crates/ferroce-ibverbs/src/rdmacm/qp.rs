@@ -292,7 +292,13 @@ pub(super) fn connect_qp(
         ah_attr: ah,
         ..Default::default()
     };
-    let mask = crate::qp::RTR_NEEDS;
+    // SAFETY: the id's live QP.
+    let uc = unsafe { (*qp).qp_type } == IBV_QPT_UC;
+    let mask = if uc {
+        crate::qp::UC_RTR_NEEDS
+    } else {
+        crate::qp::RTR_NEEDS
+    };
     // SAFETY: the id's live QP.
     let rc = unsafe { (v.modify_qp)(qp, &mut rtr, mask as c_int) };
     if rc != 0 {
@@ -310,7 +316,11 @@ pub(super) fn connect_qp(
             .clamp(1, MAX_DEPTH),
         ..Default::default()
     };
-    let mask = crate::qp::RTS_NEEDS;
+    let mask = if uc {
+        crate::qp::UC_RTS_NEEDS
+    } else {
+        crate::qp::RTS_NEEDS
+    };
     // SAFETY: the id's live QP.
     let rc = unsafe { (v.modify_qp)(qp, &mut rts, mask as c_int) };
     if rc != 0 {
