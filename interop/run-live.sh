@@ -27,7 +27,7 @@
 # - SEND and WRITE with immediate (the harness's rdma_imm.c <-> ferroce's examples/rdma_imm.rs,
 #   immediates, lengths and bytes checked), and the same with the server's receives posted late:
 #   an RNR NAK each way;
-# - Debian's unmodified ibv_rc_pingpong, ibv_ud_pingpong and perftest (RC, and UD) on the host over ferroce's drop-in
+# - Debian's unmodified ibv_rc_pingpong, ibv_uc_pingpong, ibv_ud_pingpong and perftest (RC, UC and UD) on the host over ferroce's drop-in
 #   libibverbs.so.1 (target/ibverbs) <-> the same tools on rxe, both roles;
 # - 5% loss in both directions inside the guest (netem on its egress, and on its ingress through
 #   an ifb): WRITE go-back-N, READ retry and atomic replay across the wire, both roles;
@@ -209,7 +209,7 @@ gfinish() {
   local i=0 limit=$((${2:-150} * 5))
   while [ ! -f "$RUN/vm0/out/$1.rc" ]; do
     sleep 0.2; i=$((i+1))
-    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|ibv_ud_pingpong|rdma_imm'; true" 10 >/dev/null; sleep 1; break; }
+    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|ibv_uc_pingpong|ibv_ud_pingpong|rdma_imm'; true" 10 >/dev/null; sleep 1; break; }
   done
   cat "$RUN/vm0/out/$1.rc" 2>/dev/null || echo 124
 }
@@ -352,6 +352,21 @@ dropin_ud_server() {
     $DROPIN ibv_ud_pingpong -d $DEV -g 0 -s 1024 -n 200 &&
     grep -q "^200 iters in" "$OUT/$tag.out" && grep -q "^200 iters in" "$OUT/$tag.rxe"
 }
+# UC: rdma-core's ibv_uc_pingpong (-c checks the bytes): SEND without ACKs each way. One
+# message is in flight at a time, so nothing is lost on this path and every one must arrive.
+dropin_uc_client() {
+  local WAIT_GUEST_LISTEN=1
+  local tag=duc_c
+  guest_server "$tag" "ibv_uc_pingpong -g 1 -s 4096 -n 200 -c" \
+    $DROPIN ibv_uc_pingpong -d $DEV -g 0 -s 4096 -n 200 -c $G &&
+    grep -q "^$((4096 * 200 * 2)) bytes in" "$OUT/$tag.out" && grep -q "^$((4096 * 200 * 2)) bytes in" "$OUT/$tag.rxe"
+}
+dropin_uc_server() {
+  local tag=duc_s
+  guest_client "$tag" "ibv_uc_pingpong -g 1 -s 4096 -n 200 -c $H" \
+    $DROPIN ibv_uc_pingpong -d $DEV -g 0 -s 4096 -n 200 -c &&
+    grep -q "^$((4096 * 200 * 2)) bytes in" "$OUT/$tag.out" && grep -q "^$((4096 * 200 * 2)) bytes in" "$OUT/$tag.rxe"
+}
 dropin_pt_client() {
   local WAIT_GUEST_LISTEN=1
   local t=$1 opts=$2 tag=dpt_c_$1
@@ -369,15 +384,18 @@ if [ -x "$(command -v ibv_rc_pingpong)" ] && [ -f "$ROOT/target/ibverbs/libibver
   check "dropin_rc_pingpong_4096_events_host_server" dropin_pp_server 4096 100 -e
   check "dropin_ud_pingpong_host_client" dropin_ud_client
   check "dropin_ud_pingpong_host_server" dropin_ud_server
+  check "dropin_uc_pingpong_host_client" dropin_uc_client
+  check "dropin_uc_pingpong_host_server" dropin_uc_server
   # Bandwidth at -t 2: at -t 8 and -t 4 perftest's posts left 450 and 256 packets in one burst,
   # past what the TCG guest's tap and virtio queues hold (rxe ACKed up to the gap and ferroce
   # recovered by timeout and go-back-N: correct, but rxe counts duplicates where this part
   # wants none). ferroce has no congestion control; the CLI's own -t 8 run above passes.
   for spec in "write_lat|-s 8 -n 300|8" "write_bw|-s 65536 -n 200 -t 2|65536" "read_lat|-s 64 -n 300|64" \
-              "send_bw|-s 65536 -n 200 -t 2|65536" "atomic_lat|-n 300|8" "send_lat|-c UD -s 1024 -n 300|1024"; do
-    IFS='|' read -r t opts bytes <<< "$spec"
-    check "dropin_perftest_${t}_host_client" dropin_pt_client "$t" "$opts" "$bytes"
-    check "dropin_perftest_${t}_host_server" dropin_pt_server "$t" "$opts" "$bytes"
+              "send_bw|-s 65536 -n 200 -t 2|65536" "atomic_lat|-n 300|8" "send_lat|-c UD -s 1024 -n 300|1024" \
+              "write_lat|-c UC -s 8 -n 300|8|_uc"; do
+    IFS='|' read -r t opts bytes suffix <<< "$spec"
+    check "dropin_perftest_${t}${suffix}_host_client" dropin_pt_client "$t" "$opts" "$bytes"
+    check "dropin_perftest_${t}${suffix}_host_server" dropin_pt_server "$t" "$opts" "$bytes"
   done
 else
   echo "FAIL  dropin: ibv_rc_pingpong (ibverbs-utils) or target/ibverbs/libibverbs.so.1 is missing"
@@ -570,6 +588,6 @@ PY
 fi
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-expected=66
+expected=70
 [ -n "${LIVE_ONLY:-}" ] && expected=$((pass + ${#failed[@]}))
 summarize "$expected" "$secs"

@@ -293,11 +293,8 @@ pub(crate) const UC_RTR_NEEDS: u32 =
 const UC_RTR_ALLOWS: u32 =
     UC_RTR_NEEDS | IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
 pub(crate) const UC_RTS_NEEDS: u32 = IBV_QP_STATE | IBV_QP_SQ_PSN;
-const UC_RTS_ALLOWS: u32 = UC_RTS_NEEDS
-    | IBV_QP_CUR_STATE
-    | IBV_QP_ALT_PATH
-    | IBV_QP_ACCESS_FLAGS
-    | IBV_QP_PATH_MIG_STATE;
+const UC_RTS_ALLOWS: u32 =
+    UC_RTS_NEEDS | IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE;
 
 /// Whether `mask` is what a transition of a QP of `qp_type` to `to` requires and allows: RC's
 /// requirements (more is taken and ignored, as before), UC's exactly.

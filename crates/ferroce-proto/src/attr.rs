@@ -92,7 +92,9 @@ impl Service {
     pub const fn carries(self, op: crate::wr::SendOp) -> bool {
         match self {
             Service::Rc => true,
-            Service::Uc => !op.is_read_or_atomic() && !matches!(op, crate::wr::SendOp::SendWithInvalidate(_)),
+            Service::Uc => {
+                !op.is_read_or_atomic() && !matches!(op, crate::wr::SendOp::SendWithInvalidate(_))
+            }
         }
     }
 }

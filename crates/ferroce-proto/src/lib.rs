@@ -1,4 +1,5 @@
-//! The RoCE reliable-connection transport as a deterministic, sans-IO state machine.
+//! The RoCE connected transports, reliable (RC) and unreliable (UC, see [`uc`]), as a
+//! deterministic, sans-IO state machine.
 //!
 //! A [`QueuePair`] is driven by its caller: work requests and packets go in with the current
 //! time, packets and completions come out, and [`QueuePair::next_timeout`] says when to come

@@ -202,7 +202,12 @@ pub(crate) fn flushed(p: &Params, wr: &SendWr) -> WorkCompletion {
     completion(p, wr, WcStatus::WorkRequestFlushed, 0)
 }
 
-pub(crate) fn completion(p: &Params, wr: &SendWr, status: WcStatus, byte_len: u64) -> WorkCompletion {
+pub(crate) fn completion(
+    p: &Params,
+    wr: &SendWr,
+    status: WcStatus,
+    byte_len: u64,
+) -> WorkCompletion {
     WorkCompletion {
         wr_id: wr.wr_id,
         status,

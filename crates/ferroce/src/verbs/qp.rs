@@ -11,9 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ferroce_proto::{
-    Access, InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr,
-};
+use ferroce_proto::{Access, InitAttr, QpCaps, QpState, RecvWr, RtrAttr, RtsAttr, SendWr};
 
 use super::context::ContextInner;
 use super::cq::CompletionQueue;
