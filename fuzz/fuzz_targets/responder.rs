@@ -1,5 +1,8 @@
 //! Fuzzes the responder: one QP in RTS fed an arbitrary sequence of request packets, as the UDP
 //! engine and the simulator feed it (`handle_packet` with the transport packet, BTH to ICRC).
+//! One script in four makes the QP a UC QP (`ferroce_proto::uc`): every SEND and WRITE the
+//! script builds then carries UC's opcode (READs, atomics and SEND with invalidate keep RC's,
+//! which a UC QP must drop), and the invariants below hold with UC's rules where they differ.
 //!
 //! The input is a script, not a packet. Its first bytes choose the connection (path MTU, the
 //! QP's access rights, first PSN, READ/atomic depth, receive queue depth); then each step picks
@@ -23,7 +26,9 @@
 //!   its word exactly as the operation says, and its ATOMIC ACK (also a replayed one) carries
 //!   the value found there first: atomics execute exactly once;
 //! * the expected PSN moves only on an accepted request: by one, or by the packet count of a
-//!   READ;
+//!   READ; on UC also to a packet that starts a message at another PSN (the sequence taken up
+//!   again after a gap), or one past it;
+//! * a UC QP sends nothing, ever;
 //! * every packet `poll_transmit` writes parses with ferroce-wire, is a response (ACK, ATOMIC
 //!   ACK or READ response) to the peer QP, fits the MTU, leaves the ICRC to the caller; a READ
 //!   response lies in the PSN span of a READ the responder accepted and is cut at the path MTU
@@ -42,7 +47,7 @@ use ferroce_fuzz::{check_emitted, describe, trace, Audited, Input, World};
 use ferroce_proto::qp::MAX_HEADER_LEN;
 use ferroce_proto::{
     Access, AtomicOp, InitAttr, Instant, KeyKind, PathMtu, PostError, QpCaps, QpState, QueuePair,
-    RecvWr, RtrAttr, RtsAttr, Sge, WcOpcode, WcStatus,
+    RecvWr, RtrAttr, RtsAttr, Service, Sge, WcOpcode, WcStatus,
 };
 use ferroce_wire::aeth::{AethRepr, NakCode, Syndrome};
 use ferroce_wire::atomic_ack_eth::AtomicAckEthRepr;
@@ -101,6 +106,8 @@ struct Fields {
 
 struct Harness {
     qp: QueuePair,
+    /// RC, or UC (then every built SEND/WRITE carries UC's opcode).
+    service: Service,
     world: World,
     /// The QP's access rights (what remote peers may do through it).
     access: Access,
@@ -147,6 +154,11 @@ fn packets_for(len: u64, mtu: u32) -> u32 {
 
 impl Harness {
     fn new(inp: &mut Input<'_>) -> Harness {
+        let service = if inp.below(4) == 0 {
+            Service::Uc
+        } else {
+            Service::Rc
+        };
         let world = layout();
         let keys = world
             .regions
@@ -167,7 +179,8 @@ impl Harness {
             ..QpCaps::default()
         };
         let mut h = Harness {
-            qp: QueuePair::new(QPN, PD, caps),
+            qp: QueuePair::with_service(QPN, PD, caps, service),
+            service,
             world,
             access,
             caps,
@@ -425,6 +438,12 @@ impl Harness {
 
     /// Emits a packet into `self.pkt`, payload filled from `seed`; returns its length.
     fn build(&mut self, bth: BthRepr, ext: ExtHeaders, payload_len: usize, seed: u8) -> usize {
+        let mut bth = bth;
+        // RC's SEND and WRITE opcodes (0x00..=0x0b) have UC twins 0x20 above them, with the
+        // same headers.
+        if self.service == Service::Uc && bth.opcode.0 <= 0x0b {
+            bth.opcode = Opcode(bth.opcode.0 | 0x20);
+        }
         let repr = PacketRepr::new(bth, ext, payload_len);
         let n = repr.emit(&mut self.pkt).expect("a built packet emits");
         let mut p = RocePacket::new_unchecked(&mut self.pkt[..n]);
@@ -719,9 +738,13 @@ impl Harness {
         let expected = self.qp.expected_psn();
         let state = self.qp.state();
         let mut request = None;
+        let own_transport = match self.service {
+            Service::Rc => Transport::Rc,
+            Service::Uc => Transport::Uc,
+        };
         if let Some(repr) = &parsed {
             let info = repr.info().expect("a parsed packet has info");
-            if info.transport == Transport::Rc {
+            if info.transport == own_transport {
                 self.grants(repr, info.operation, info.position);
                 if !matches!(
                     info.operation,
@@ -738,9 +761,12 @@ impl Harness {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         );
         let request = request.filter(|_| serving);
-        // A request that is not the expected one must leave memory alone.
+        // A request that is not the expected one must leave memory alone (on UC, unless it
+        // starts a message: there the sequence is taken up again).
+        let starts = |r: &PacketRepr| r.info().is_ok_and(|i| i.position.starts_message());
+        let uc = self.service == Service::Uc;
         let snap = request
-            .filter(|(r, _)| r.bth.psn != expected)
+            .filter(|(r, _)| r.bth.psn != expected && !(uc && starts(r)))
             .map(|_| self.world.snapshot());
         let atomic_before = request.and_then(|(r, op)| match (op, r.ext.atomic_eth) {
             (Operation::CompareSwap | Operation::FetchAdd, Some(a)) if r.bth.psn == expected => {
@@ -772,7 +798,16 @@ impl Harness {
                 .assert_unchanged(&snap, "a duplicate or out-of-sequence request");
         }
         let after = self.qp.expected_psn();
-        if after != expected {
+        if after != expected && uc {
+            let Some((r, _)) = request else {
+                panic!("the expected PSN moved {expected:?} -> {after:?} on a non-request");
+            };
+            assert!(
+                after == r.bth.psn.next() || (after == r.bth.psn && starts(r)),
+                "a UC packet at {:?} moved the expected PSN {expected:?} -> {after:?}",
+                r.bth.psn
+            );
+        } else if after != expected {
             let Some((r, op)) = request else {
                 panic!("the expected PSN moved {expected:?} -> {after:?} on a non-request");
             };
@@ -865,6 +900,12 @@ impl Harness {
                 break;
             };
             n += 1;
+            assert_eq!(
+                self.service,
+                Service::Rc,
+                "a UC QP sent {}",
+                describe(&self.tx[..len])
+            );
             assert!(
                 n <= MAX_PACKETS_PER_DRAIN,
                 "more than {MAX_PACKETS_PER_DRAIN} packets queued at once"
