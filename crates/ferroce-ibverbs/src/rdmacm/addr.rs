@@ -126,7 +126,12 @@ pub(super) unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut s
         };
         let bound = listener.local_addr().unwrap_or(a);
         // A specific address names its device; a wildcard leaves `verbs` NULL, as librdmacm.
-        if !a.ip().is_unspecified() {
+        // So does a loopback address, as the kernel's rdma_cm binds it (checked against the
+        // guests' kernel: `rping -s -a 127.0.0.1` binds and listens; RDMA devices hold no
+        // loopback GID). Programs rely on that: libfabric's verbs provider binds "localhost"
+        // to learn which device a wildcard endpoint is on, and takes a NULL `verbs` to mean
+        // "every device, each with its own address".
+        if !a.ip().is_unspecified() && !a.ip().is_loopback() {
             let Some(dev) = device_for(a.ip()) else {
                 set_errno(libc::EADDRNOTAVAIL);
                 return -1;

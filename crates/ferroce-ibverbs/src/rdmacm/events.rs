@@ -26,7 +26,12 @@ pub(super) struct Event {
 
 impl IdShared {
     pub(super) fn post(&self, ev: Box<Event>) {
-        self.queue.post(self, ev);
+        self.queue().post(self, ev);
+    }
+
+    /// The id's channel's queue, held (events are queued under this lock, see `queue`).
+    pub(super) fn queue(&self) -> std::sync::MutexGuard<'_, Arc<EventQueue>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -47,6 +52,19 @@ impl EventQueue {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a local to our eventfd.
         let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl EventQueue {
+    /// Queues an event taken from another queue (see `rdma_migrate_id`), counted as new.
+    pub(super) fn push_moved(&self, events: Vec<usize>) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        for e in events {
+            q.push_back(e);
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local to our eventfd.
+            let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
     }
 }
 

@@ -10,8 +10,9 @@ pub(super) struct IdShared {
     /// The id's QP (its address, or 0). A connection's thread touches the QP only under this
     /// lock and only while `alive`; `rdma_destroy_qp` and `rdma_destroy_id` take it too.
     pub(super) qp: Mutex<usize>,
-    /// The id's channel's events.
-    pub(super) queue: Arc<EventQueue>,
+    /// The id's channel's events; another channel's after `rdma_migrate_id`. Locked while an
+    /// event is queued, so none lands on a channel the id has left.
+    pub(super) queue: Mutex<Arc<EventQueue>>,
     /// The peer's ECE, from its REQ (a passive id) or REP (an active one); vendor 0 if it sent
     /// none (`rdma_get_remote_ece`).
     pub(super) remote_ece: Mutex<Ece>,
@@ -102,7 +103,7 @@ pub(super) fn new_id(
             alive: AtomicBool::new(true),
             stream: Mutex::new(None),
             qp: Mutex::new(0),
-            queue,
+            queue: Mutex::new(queue),
             remote_ece: Mutex::new(Ece::default()),
             wire: Mutex::new(None),
         }),
@@ -209,6 +210,69 @@ pub(super) unsafe extern "C" fn rdma_create_id(
     })
 }
 
+/// `rdma_migrate_id`: moves the id to `channel` (NULL: synchronous mode, on a channel of its
+/// own), and with it the events the program has not read yet, its own and its listener's
+/// connection requests, as the kernel moves them. Events come on the new channel from then on;
+/// a channel the id owned (synchronous mode) is destroyed.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: per the API, an id of ours.
+        let Some(i) = (unsafe { id_of(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let (to, owned) = if channel.is_null() {
+            let ch = rdma_create_event_channel();
+            if ch.is_null() {
+                return -1;
+            }
+            (ch, true)
+        } else {
+            (channel, false)
+        };
+        // SAFETY: per the API (or just made), a channel of ours.
+        let Some(new_queue) = (unsafe { channel_of(to) }).map(|c| c.queue.clone()) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        {
+            // Under the id's queue lock no event of it is being queued.
+            let mut current = i.shared.queue();
+            if !Arc::ptr_eq(&current, &new_queue) {
+                let mut moved = Vec::new();
+                current
+                    .events
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|&e| {
+                        // SAFETY: queued events are live boxes.
+                        let ev = unsafe { &*(e as *const Event) };
+                        let mine = ev.c.id == id || ev.c.listen_id == id;
+                        if mine {
+                            moved.push(e);
+                        }
+                        !mine
+                    });
+                new_queue.push_moved(moved);
+                *current = new_queue;
+            }
+        }
+        let (old, old_owned) = (i.c.channel, i.owns_channel);
+        i.c.channel = to;
+        i.sync = channel.is_null();
+        i.owns_channel = owned;
+        if old_owned && old != to {
+            // SAFETY: the id's own channel, which nothing else holds, destroyed once.
+            unsafe { rdma_destroy_event_channel(old) };
+        }
+        0
+    })
+}
+
 /// `rdma_destroy_id`: closes its connection and drops its unread events.
 #[no_mangle]
 pub(super) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
@@ -226,12 +290,8 @@ pub(super) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             // Under the QP lock no connection thread is using the QP; under the queue's lock
             // none is queuing an event. After both, none will.
             let _qp = b.shared.qp.lock().unwrap_or_else(|e| e.into_inner());
-            let mut q = b
-                .shared
-                .queue
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let queue = b.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = queue.events.lock().unwrap_or_else(|e| e.into_inner());
             b.shared.alive.store(false, Ordering::Release);
             q.retain(|&e| {
                 // SAFETY: queued events are live boxes.

@@ -70,16 +70,15 @@ use verbs::*;
 /// carries no reason) and rsockets. They fail as unsupported.
 mod unsupported {
 
-    // why: not built yet: an SRQ made on an id, multicast groups, moving an id to another
-    // channel, and the calls for a QP the program connects itself (`rdma_init_qp_attr`,
-    // `rdma_establish`, `rdma_notify`, `rdma_reject_ece`)
+    // why: not built yet: an SRQ made on an id, multicast groups, and the calls for a QP the
+    // program connects itself (`rdma_init_qp_attr`, `rdma_establish`, `rdma_notify`,
+    // `rdma_reject_ece`)
     returns_minus_one!(
         rdma_create_srq,
         rdma_create_srq_ex,
         rdma_join_multicast,
         rdma_join_multicast_ex,
         rdma_leave_multicast,
-        rdma_migrate_id,
         rdma_notify,
         rdma_establish,
         rdma_init_qp_attr,

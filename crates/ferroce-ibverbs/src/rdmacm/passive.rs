@@ -66,7 +66,9 @@ pub(super) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
 /// on its device, or, bound to any address, on every device.
 pub(super) fn listen_on_wire(i: &mut CmId, listen: ListenOf) {
     let Some(bound) = src_addr(i) else { return };
-    if wire::mode() == wire::Mode::Tcp {
+    // No REQ on the wire names a loopback address: such a listener serves this host only,
+    // through the TCP exchange.
+    if wire::mode() == wire::Mode::Tcp || bound.ip().is_loopback() {
         return;
     }
     let targets: Vec<(Device, IpAddr)> = match i.device {
@@ -124,7 +126,7 @@ pub(super) fn post_request(
     } else {
         new_id(
             listen.channel as *mut rdma_event_channel,
-            shared.queue.clone(),
+            shared.queue().clone(),
             listen.context as *mut c_void,
             listen.ps,
         )
