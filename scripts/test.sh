@@ -29,6 +29,8 @@ command -v objdump >/dev/null 2>&1 || need_pkgs+=(binutils)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
 command -v ib_write_lat >/dev/null 2>&1 || need_pkgs+=(perftest)
 command -v rping >/dev/null 2>&1 || need_pkgs+=(rdmacm-utils)
+# libfabric's fi_pingpong over its verbs provider, over the drop-in libraries.
+command -v fi_pingpong >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
 command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
 [ -d /usr/share/doc/rdma-core/tests ] || need_pkgs+=(python3-pyverbs)
 # Open MPI over UCX over the drop-in (mpirun, and mpicc for the anchors' mpi_bench.c).

@@ -985,6 +985,77 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
     }
 }
 
+/// libfabric's verbs provider over the drop-in libraries: Debian's unmodified `fi_pingpong`
+/// (libfabric 1.17) with MSG endpoints (rdma_cm connections and verbs RC QPs) and RDM
+/// endpoints (libfabric's rxm over MSG), every size from 64 B to 1 MiB, each message checked
+/// (`-c`), between two namespace hosts and within one. Within one the client connects to
+/// 127.0.0.1 (the control connection); libfabric binds "localhost", finds no device there (as
+/// with the kernel's rdma_cm) and takes each device's own address for its endpoints.
+#[test]
+fn libfabric_fi_pingpong_over_verbs_between_namespace_hosts_and_within_one() {
+    assert!(
+        is_root(),
+        "this test makes network namespaces: run it as root (CI does)"
+    );
+    let hosts = TwoHosts::new();
+    // `fi_info` lists the host's device for MSG endpoints, with its address.
+    let info = hosts
+        .run(NS_A, "fi_info")
+        .args(["-p", "verbs", "-t", "FI_EP_MSG", "-v"])
+        .output()
+        .unwrap();
+    let it = text(&info);
+    assert!(info.status.success(), "{it}");
+    for want in [
+        "name: ferroce_fib-a",
+        "type: FI_EP_MSG",
+        "src_addr: fi_sockaddr_in://10.77.0.1:0",
+    ] {
+        assert!(it.contains(want), "fi_info: no {want:?}\n{it}");
+    }
+    for (k, ep) in ["msg", "rdm"].into_iter().enumerate() {
+        for (j, (client_ns, server_ip)) in [(NS_B, "10.77.0.1"), (NS_A, "127.0.0.1")]
+            .into_iter()
+            .enumerate()
+        {
+            let port = (47600 + k * 2 + j).to_string();
+            let mut server = hosts.run(NS_A, "fi_pingpong");
+            server.args(["-p", "verbs", "-e", ep, "-I", "50", "-c", "-B", &port]);
+            let mut s = server
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+            let mut client = hosts.run(client_ns, "fi_pingpong");
+            client.args([
+                "-p", "verbs", "-e", ep, "-I", "50", "-c", "-P", &port, server_ip,
+            ]);
+            let c = client.output().unwrap();
+            let limit = if c.status.success() { 60 } else { 5 };
+            let s = wait_with_timeout(s, Duration::from_secs(limit));
+            let (st, ct) = (text(&s), text(&c));
+            let what = format!("-e {ep} to {server_ip} from {client_ns}");
+            assert!(
+                s.status.success() && c.status.success(),
+                "{what}\nserver:\n{st}\nclient:\n{ct}"
+            );
+            // A row per size: bytes, sent, acknowledged, on both sides.
+            for out in [&st, &ct] {
+                for size in ["64", "256", "1k", "4k", "64k", "1m"] {
+                    assert!(
+                        out.lines().any(|l| {
+                            let f: Vec<&str> = l.split_whitespace().collect();
+                            f.len() >= 3 && f[0] == size && f[1] == "50" && f[2] == "=50"
+                        }),
+                        "{what}: no row for {size} B\n{out}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// librdmacm: perftest's `-R` (connection by rdma_cm), rdmacm-utils' synchronous and
 /// asynchronous examples, and `rping` (which
 /// advertises buffers over SEND and moves them with RDMA READ and WRITE, `-V` checking every
