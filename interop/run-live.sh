@@ -29,6 +29,8 @@
 #   an RNR NAK each way;
 # - Debian's unmodified ibv_rc_pingpong, ibv_uc_pingpong, ibv_ud_pingpong and perftest (RC, UC and UD) on the host over ferroce's drop-in
 #   libibverbs.so.1 (target/ibverbs) <-> the same tools on rxe, both roles;
+# - libfabric's fi_pingpong over its verbs provider (MSG and RDM endpoints) on the host over the drop-in
+#   libraries <-> the same on rxe and the kernel's rdma_cm, both roles;
 # - 5% loss in both directions inside the guest (netem on its egress, and on its ingress through
 #   an ifb): WRITE go-back-N, READ retry and atomic replay across the wire, both roles;
 # - rxe's hw_counters: its error counters unchanged over the loss-free part; ferroce's counters:
@@ -132,7 +134,8 @@ if [ "${1:-}" != --inside ]; then
     { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; } >/dev/null ||
       { echo "interop: could not install ${need[*]}" >&2; exit 1; }
   fi
-  if [ ! -f "$WORK/rootfs.img" ] || [ ! -f "$WORK/boot/vmlinuz" ]; then
+  # An image from before libfabric-bin and /etc/hosts were in the guest is brought up to date.
+  if [ ! -f "$WORK/rootfs.img" ] || [ ! -f "$WORK/boot/vmlinuz" ] || [ ! -x "$WORK/rootfs/usr/bin/fi_pingpong" ] || [ ! -f "$WORK/rootfs/etc/hosts" ]; then
     echo "== interop: building the rxe guest image into $WORK (once per machine)"
     "$HERE/build-rootfs.sh" > "$WORK.build.log" 2>&1 || { tail -20 "$WORK.build.log"; exit 1; }
   fi
@@ -209,7 +212,7 @@ gfinish() {
   local i=0 limit=$((${2:-150} * 5))
   while [ ! -f "$RUN/vm0/out/$1.rc" ]; do
     sleep 0.2; i=$((i+1))
-    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|ibv_uc_pingpong|ibv_ud_pingpong|rdma_imm'; true" 10 >/dev/null; sleep 1; break; }
+    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|ibv_uc_pingpong|ibv_ud_pingpong|rdma_imm|fi_pingpong'; true" 10 >/dev/null; sleep 1; break; }
   done
   cat "$RUN/vm0/out/$1.rc" 2>/dev/null || echo 124
 }
@@ -221,7 +224,7 @@ guest_server() {
   # Unmodified tools on the host connect once and give up: the drop-in checks wait for the
   # guest's listener first (ferroce's own tools retry on their own).
   [ -n "${WAIT_GUEST_LISTEN:-}" ] &&
-    gexec 0 "i=0; while ! ss -ltn | grep -q ':18515 '; do i=\$((i+1)); [ \$i -gt 60 ] && break; sleep 0.25; done" 30 >/dev/null
+    gexec 0 "i=0; while ! ss -ltn | grep -q ':${GUEST_LISTEN_PORT:-18515} '; do i=\$((i+1)); [ \$i -gt 60 ] && break; sleep 0.25; done" 30 >/dev/null
   # An rdma_cm listener in the guest is the kernel's: it shows in `rdma res`, not in ss.
   [ -n "${WAIT_GUEST_CM:-}" ] &&
     gexec 0 "i=0; while ! rdma res show cm_id | grep -q LISTEN; do i=\$((i+1)); [ \$i -gt 60 ] && break; sleep 0.25; done" 30 >/dev/null
@@ -401,6 +404,34 @@ else
   echo "FAIL  dropin: ibv_rc_pingpong (ibverbs-utils) or target/ibverbs/libibverbs.so.1 is missing"
   failed+=("dropin_missing")
 fi
+
+# ---- 3b'. libfabric over verbs: fi_pingpong ---------------------------------------------------
+# Debian's libfabric 1.17 fi_pingpong with its verbs provider: on the host over ferroce's drop-in
+# libibverbs and librdmacm, in the guest over rxe and the kernel's rdma_cm. MSG endpoints are
+# rdma_cm connections with RC QPs; RDM endpoints are libfabric's rxm over them. 64 KiB messages,
+# each checked (-c); both sides print the row. rxm sizes its CQ for 256 peers by default, past
+# rxe's largest CQ (fi_enable fails with EINVAL between two rxe guests too): FI_UNIVERSE_SIZE=64
+# on both sides.
+fi_rows() { grep -qE '^64k +100 +=100 ' "$1"; }
+FI_ENV="env FI_UNIVERSE_SIZE=64"
+fi_client() {
+  local WAIT_GUEST_LISTEN=1 GUEST_LISTEN_PORT=47592
+  local ep=$1 tag=fi_c_$1
+  guest_server "$tag" "$FI_ENV fi_pingpong -p verbs -e $ep -S 65536 -I 100 -c" \
+    $DROPIN FI_UNIVERSE_SIZE=64 fi_pingpong -p verbs -e "$ep" -S 65536 -I 100 -c $G &&
+    fi_rows "$OUT/$tag.out" && fi_rows "$OUT/$tag.rxe"
+}
+fi_server() {
+  local LISTEN_PORT=47592
+  local ep=$1 tag=fi_s_$1
+  guest_client "$tag" "$FI_ENV fi_pingpong -p verbs -e $ep -S 65536 -I 100 -c $H" \
+    $DROPIN FI_UNIVERSE_SIZE=64 fi_pingpong -p verbs -e "$ep" -S 65536 -I 100 -c &&
+    fi_rows "$OUT/$tag.out" && fi_rows "$OUT/$tag.rxe"
+}
+for ep in msg rdm; do
+  check "libfabric_fi_pingpong_${ep}_host_client" fi_client $ep
+  check "libfabric_fi_pingpong_${ep}_host_server" fi_server $ep
+done
 
 # ---- 3c. rdma_cm on the wire: the guest's kernel rdma_cm and ferroce's librdmacm -------------
 # Debian's rdmacm-utils and perftest -R on the host over ferroce's librdmacm.so.1 connect with
@@ -588,6 +619,6 @@ PY
 fi
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-expected=70
+expected=74
 [ -n "${LIVE_ONLY:-}" ] && expected=$((pass + ${#failed[@]}))
 summarize "$expected" "$secs"
