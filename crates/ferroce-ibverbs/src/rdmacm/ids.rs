@@ -150,19 +150,25 @@ pub(super) unsafe fn wait_sync(id: *mut rdma_cm_id, want: rdma_cm_event_type) ->
     if !i.sync {
         return 0;
     }
+    // The event the last call kept is done with now (librdmacm's `ucma_complete`).
+    release_sync_event(i);
     let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
     // SAFETY: the id's own channel.
     if unsafe { rdma_get_cm_event(i.c.channel, &mut ev) } != 0 {
         return -1;
     }
-    // SAFETY: an event just handed out, acknowledged once here.
-    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
-    // SAFETY: as above.
-    unsafe { rdma_ack_cm_event(ev) };
+    // `rdma_get_cm_event` noted it in `event`; it is kept there only on success.
     i.c.event = std::ptr::null_mut();
+    // SAFETY: an event just handed out.
+    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
     if kind == want && status == 0 {
+        // Kept in `event` until the id's next call, as librdmacm keeps it: the program (and
+        // rsockets) read the peer's private data of an ESTABLISHED there.
+        i.c.event = ev;
         return 0;
     }
+    // SAFETY: acknowledged once, here.
+    unsafe { rdma_ack_cm_event(ev) };
     set_errno(match kind {
         RDMA_CM_EVENT_REJECTED => libc::ECONNREFUSED,
         RDMA_CM_EVENT_UNREACHABLE => libc::ENETUNREACH,
@@ -171,6 +177,15 @@ pub(super) unsafe fn wait_sync(id: *mut rdma_cm_id, want: rdma_cm_event_type) ->
         _ => libc::ECONNRESET,
     });
     -1
+}
+
+/// Acknowledges the event a synchronous id kept from its last call, if any.
+pub(super) fn release_sync_event(i: &mut CmId) {
+    let ev = std::mem::replace(&mut i.c.event, std::ptr::null_mut());
+    if !ev.is_null() {
+        // SAFETY: an event of this id's own channel, kept unacknowledged, acknowledged once.
+        unsafe { rdma_ack_cm_event(ev) };
+    }
 }
 
 /// `rdma_create_id`: an id for RC connections (`RDMA_PS_TCP`) reporting on `channel`.

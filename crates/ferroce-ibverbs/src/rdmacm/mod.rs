@@ -39,7 +39,7 @@ use std::time::Duration;
 use crate::abi::*;
 use crate::{guard, set_errno};
 
-mod active;
+pub(super) mod active;
 mod addr;
 mod addrinfo;
 mod devices;
@@ -49,6 +49,7 @@ mod events;
 mod ids;
 mod passive;
 mod qp;
+mod rsocket;
 mod tcp;
 mod verbs;
 mod wire;
@@ -83,38 +84,6 @@ mod unsupported {
         rdma_establish,
         rdma_init_qp_attr,
         rdma_reject_ece,
-    );
-
-    // why: rsockets (sockets over RDMA, for `rstream`, `riostream`, `rcopy` and
-    // `librspreload.so`) are not built yet
-    returns_minus_one!(
-        raccept,
-        rbind,
-        rclose,
-        rconnect,
-        rfcntl,
-        rgetpeername,
-        rgetsockname,
-        rgetsockopt,
-        riomap,
-        riounmap,
-        riowrite,
-        rlisten,
-        rpoll,
-        rread,
-        rreadv,
-        rrecv,
-        rrecvfrom,
-        rrecvmsg,
-        rselect,
-        rsend,
-        rsendmsg,
-        rsendto,
-        rsetsockopt,
-        rshutdown,
-        rsocket,
-        rwrite,
-        rwritev,
     );
 
     // No SRQ is ever made on an id (its creation is unsupported).

@@ -42,6 +42,15 @@ pub(super) type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
 
 pub(super) type EceFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int;
 
+pub(super) type RegMrFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+
+pub(super) type DeregMrFn = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
+
+pub(super) type GetCqEventFn =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+
+pub(super) type AckCqEventsFn = unsafe extern "C" fn(*mut ibv_cq, std::ffi::c_uint);
+
 /// The libibverbs calls this library makes, resolved in the process's global scope.
 pub(super) struct Verbs {
     pub(super) get_device_list: GetDeviceListFn,
@@ -60,6 +69,10 @@ pub(super) struct Verbs {
     pub(super) destroy_cq: DestroyCqFn,
     pub(super) query_ece: EceFn,
     pub(super) set_ece: EceFn,
+    pub(super) reg_mr: RegMrFn,
+    pub(super) dereg_mr: DeregMrFn,
+    pub(super) get_cq_event: GetCqEventFn,
+    pub(super) ack_cq_events: AckCqEventsFn,
 }
 
 /// The function `name` among the process's loaded objects (`dlsym` with `RTLD_DEFAULT`).
@@ -100,6 +113,10 @@ pub(super) fn verbs() -> Option<&'static Verbs> {
                     destroy_cq: sym!(c"ibv_destroy_cq" as DestroyCqFn),
                     query_ece: sym!(c"ibv_query_ece" as EceFn),
                     set_ece: sym!(c"ibv_set_ece" as EceFn),
+                    reg_mr: sym!(c"ibv_reg_mr" as RegMrFn),
+                    dereg_mr: sym!(c"ibv_dereg_mr" as DeregMrFn),
+                    get_cq_event: sym!(c"ibv_get_cq_event" as GetCqEventFn),
+                    ack_cq_events: sym!(c"ibv_ack_cq_events" as AckCqEventsFn),
                 })
             }
         })

@@ -1,0 +1,868 @@
+//! rsockets: sockets over RDMA (`<rdma/rsocket.h>`), for `rstream`, `riostream`, `rcopy` and
+//! `librspreload.so`, on the wire as librdmacm's own (see `stream` for the protocol), so either
+//! end may be rdma-core's over a kernel or NIC.
+//!
+//! An rsocket is a synchronous rdma_cm id (its own event channel) with an RC QP, and its number
+//! is that channel's descriptor, as librdmacm's is: a real descriptor, so `librspreload.so`'s
+//! table of its own descriptors never collides with it. Each socket's state is under one lock;
+//! a call that must wait (for data, credits, a connection) lets go of it while it polls the
+//! descriptor its wait is on, so a sender and a receiver on two threads never block each other.
+//!
+//! Stream sockets only: `SOCK_DGRAM` rsockets (datagrams over UD QPs with librdmacm's own
+//! header and a UDP side channel) are refused with `EOPNOTSUPP`, which `librspreload.so` takes
+//! as "use the kernel's socket".
+
+mod iomap;
+mod options;
+mod poll;
+mod stream;
+
+use std::collections::BTreeMap;
+
+use super::*;
+use stream::*;
+
+/// Every rsocket, by number.
+static SOCKETS: Mutex<BTreeMap<c_int, Arc<RSocket>>> = Mutex::new(BTreeMap::new());
+
+/// One rsocket.
+struct RSocket {
+    s: Mutex<Stream>,
+}
+
+fn lookup(fd: c_int) -> Option<Arc<RSocket>> {
+    SOCKETS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&fd)
+        .cloned()
+}
+
+fn insert(s: Stream) -> c_int {
+    // SAFETY: a live synchronous id: its own channel.
+    let fd = unsafe { (*(*s.cm_id).channel).fd };
+    SOCKETS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(fd, Arc::new(RSocket { s: Mutex::new(s) }));
+    fd
+}
+
+impl RSocket {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stream> {
+        self.s.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Fails with `errno` `e`.
+fn fail<T: From<i8>>(e: c_int) -> T {
+    set_errno(e);
+    T::from(-1)
+}
+
+/// Waits until `test` holds, processing completions (credits granted on the way); `Err` with
+/// `EWOULDBLOCK` if `nonblock` and it does not hold now. The lock is let go while waiting.
+fn wait<'a>(
+    sock: &'a RSocket,
+    mut g: std::sync::MutexGuard<'a, Stream>,
+    nonblock: bool,
+    test: fn(&Stream) -> bool,
+) -> (std::sync::MutexGuard<'a, Stream>, Result<(), c_int>) {
+    loop {
+        g.update_credits();
+        let polled = g.poll_cq();
+        if test(&g) {
+            g.update_credits();
+            return (g, Ok(()));
+        }
+        if let Err(e) = polled {
+            return (g, Err(e));
+        }
+        if nonblock {
+            return (g, Err(libc::EWOULDBLOCK));
+        }
+        if !g.cq_armed {
+            // Armed, then polled once more: a completion between the two is not missed.
+            g.arm();
+            continue;
+        }
+        g.update_credits();
+        let fd = g.wait_fd();
+        // Hands progress back to ferroce's engine before sleeping.
+        g.take_cq_event();
+        if !g.cq_armed {
+            continue;
+        }
+        drop(g);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd. Bounded: another thread of the socket may take the event this
+        // one waits for.
+        unsafe { libc::poll(&mut p, 1, 10) };
+        g = sock.lock();
+        g.take_cq_event();
+    }
+}
+
+fn nonblocking(s: &Stream, flags: c_int) -> bool {
+    s.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0
+}
+
+fn conn_can_send(s: &Stream) -> bool {
+    s.can_send() || s.state & ST_WRITABLE == 0
+}
+
+fn conn_have_rdata(s: &Stream) -> bool {
+    s.have_rdata() || s.state & ST_READABLE == 0
+}
+
+fn conn_can_send_ctrl(s: &Stream) -> bool {
+    s.ctrl_avail() || s.state & ST_CONNECTED == 0
+}
+
+fn conn_all_sends_done(s: &Stream) -> bool {
+    s.all_sends_done()
+}
+
+/// The next event of the socket's synchronous id, which must be `want` (librdmacm's
+/// `ucma_complete`): `Err(EAGAIN)` while none has come on a non-blocking socket.
+fn complete(s: &mut Stream, want: rdma_cm_event_type) -> Result<(), c_int> {
+    // SAFETY: our live synchronous id.
+    if unsafe { wait_sync(s.cm_id, want) } == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// The channel descriptor of the socket's id to (non-)block as the socket does.
+fn set_id_nonblocking(s: &Stream, on: bool) {
+    // SAFETY: our live id's own channel.
+    let fd = unsafe { (*(*s.cm_id).channel).fd };
+    // SAFETY: fcntl on a descriptor of ours.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        let fl = if on {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        libc::fcntl(fd, libc::F_SETFL, fl);
+    }
+}
+
+/// The private data of the event the socket's id keeps (a request's or an ESTABLISHED's).
+fn event_private(s: &Stream) -> Option<Vec<u8>> {
+    // SAFETY: our live id; its kept event (or NULL); the private data it points to lives
+    // with the event.
+    unsafe {
+        let ev = (*s.cm_id).event;
+        if ev.is_null() {
+            return None;
+        }
+        let c = (*ev).param.conn;
+        if c.private_data.is_null() {
+            return None;
+        }
+        Some(
+            std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len))
+                .to_vec(),
+        )
+    }
+}
+
+/// Runs the active side's connection as far as it goes (librdmacm's `rs_do_connect`): address,
+/// route, QP and buffers, connect, the peer's data; on a non-blocking socket each step that has
+/// to wait leaves the state where it is and fails with `EINPROGRESS`.
+fn do_connect(s: &mut Stream) -> Result<(), c_int> {
+    let r = connect_steps(s);
+    if let Err(e) = r {
+        if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
+            return Err(libc::EINPROGRESS);
+        }
+        s.state = ST_CONNECT_ERROR;
+        s.err = e;
+    }
+    r
+}
+
+fn connect_steps(s: &mut Stream) -> Result<(), c_int> {
+    loop {
+        match s.state {
+            ST_INIT | ST_BOUND => {
+                s.state = ST_RESOLVING_ADDR;
+                // SAFETY: our live id; the destination was stored in its route.
+                let rc = unsafe {
+                    let dst = std::ptr::addr_of_mut!((*s.cm_id).route.addr.__bindgen_anon_2.dst_addr);
+                    rdma_resolve_addr(s.cm_id, std::ptr::null_mut(), dst, 2000)
+                };
+                if rc != 0 {
+                    let e = errno();
+                    if e == libc::EAGAIN {
+                        return Err(e);
+                    }
+                    return Err(e);
+                }
+                s.state = ST_RESOLVING_ROUTE;
+                // SAFETY: our live id.
+                if unsafe { rdma_resolve_route(s.cm_id, 2000) } != 0 {
+                    return Err(errno());
+                }
+                s.create_ep()?;
+                let data = s.conn_data();
+                let mut param = rdma_conn_param {
+                    private_data: data.as_ptr().cast(),
+                    private_data_len: CONN_DATA_LEN as u8,
+                    flow_control: 1,
+                    retry_count: 7,
+                    rnr_retry_count: 7,
+                    ..Default::default()
+                };
+                s.state = ST_CONNECTING;
+                // SAFETY: our live id; the private data lives through the call (copied).
+                if unsafe { active::rdma_connect(s.cm_id, &mut param) } != 0 {
+                    return Err(errno());
+                }
+                return connected(s);
+            }
+            ST_RESOLVING_ADDR | ST_RESOLVING_ROUTE => {
+                // A synchronous resolution never waits here (ferroce resolves at once).
+                return Err(libc::EINVAL);
+            }
+            ST_CONNECTING => {
+                complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
+                return connected(s);
+            }
+            ST_ACCEPTING => {
+                complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
+                s.state = ST_CONNECT_RDWR;
+                return Ok(());
+            }
+            _ => return Err(libc::EINVAL),
+        }
+    }
+}
+
+fn connected(s: &mut Stream) -> Result<(), c_int> {
+    let data = event_private(s).ok_or(libc::EPROTO)?;
+    s.save_conn_data(&data)?;
+    s.state = ST_CONNECT_RDWR;
+    Ok(())
+}
+
+/// `rsocket`: a stream socket (`AF_INET`/`AF_INET6`, `SOCK_STREAM`, TCP or 0).
+#[no_mangle]
+pub(super) extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
+    guard(-1, || {
+        let ok = (domain == libc::AF_INET || domain == libc::AF_INET6)
+            && kind == libc::SOCK_STREAM
+            && (protocol == 0 || protocol == libc::IPPROTO_TCP);
+        if !ok {
+            return fail(libc::EOPNOTSUPP);
+        }
+        let mut id = std::ptr::null_mut();
+        // SAFETY: a synchronous id (NULL channel) for TCP's port space.
+        if unsafe { rdma_create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), RDMA_PS_TCP) }
+            != 0
+        {
+            return -1;
+        }
+        // SAFETY: the id just made: its family, as librdmacm records it.
+        unsafe { (*id).route.addr.__bindgen_anon_1.src_addr.sa_family = domain as u16 };
+        insert(Stream::new(id, None))
+    })
+}
+
+/// `rbind`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rbind(
+    socket: c_int,
+    addr: *const sockaddr,
+    _len: libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        let mut s = sock.lock();
+        // SAFETY: our live id; the program's address.
+        if unsafe { rdma_bind_addr(s.cm_id, addr.cast_mut()) } != 0 {
+            return -1;
+        }
+        s.state = ST_BOUND;
+        0
+    })
+}
+
+/// `rlisten`.
+#[no_mangle]
+pub(super) extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        let mut s = sock.lock();
+        if s.state != ST_LISTENING {
+            // SAFETY: our live id.
+            if unsafe { rdma_listen(s.cm_id, backlog) } != 0 {
+                return -1;
+            }
+            s.state = ST_LISTENING;
+        }
+        0
+    })
+}
+
+/// `raccept`: the next connection request, answered with this side's buffers; a listener that
+/// does not block lets the new socket finish connecting later (as librdmacm, so a thread may
+/// connect to itself).
+#[no_mangle]
+pub(super) unsafe extern "C" fn raccept(
+    socket: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        let Some(listen) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        let (lid, nonblock, proto) = {
+            let l = listen.lock();
+            (l.cm_id, l.fd_flags & libc::O_NONBLOCK != 0, Stream::new(std::ptr::null_mut(), Some(&l)))
+        };
+        let mut child = std::ptr::null_mut();
+        // SAFETY: the listener's live synchronous id (waits unless its channel is
+        // non-blocking). Not under the listener's lock: a request may take long.
+        if unsafe { rdma_get_request(lid, &mut child) } != 0 {
+            return -1;
+        }
+        let mut s = proto;
+        s.cm_id = child;
+        let Some(creq) = event_private(&s) else {
+            // SAFETY: the request's id, never handed out.
+            unsafe { rdma_destroy_id(child) };
+            return fail(libc::EPROTO);
+        };
+        if creq.first() != Some(&1) {
+            // SAFETY: as above.
+            unsafe { rdma_destroy_id(child) };
+            return fail(libc::EOPNOTSUPP);
+        }
+        if nonblock {
+            set_id_nonblocking(&s, true);
+        }
+        let fail_child = |s: &mut Stream, e: c_int| -> c_int {
+            s.free_ep();
+            // SAFETY: the request's id, never handed out.
+            unsafe { rdma_destroy_id(s.cm_id) };
+            fail(e)
+        };
+        if let Err(e) = s.create_ep() {
+            return fail_child(&mut s, e);
+        }
+        if let Err(e) = s.save_conn_data(&creq) {
+            return fail_child(&mut s, e);
+        }
+        // SAFETY: the kept request event (checked above).
+        let mut param = unsafe { (*(*child).event).param.conn };
+        let data = s.conn_data();
+        param.private_data = data.as_ptr().cast();
+        param.private_data_len = CONN_DATA_LEN as u8;
+        s.state = ST_CONNECT_RDWR;
+        // SAFETY: our request's id; the private data lives through the call.
+        if unsafe { rdma_accept(child, &mut param) } != 0 {
+            let e = errno();
+            if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
+                s.state = ST_ACCEPTING;
+            } else {
+                return fail_child(&mut s, e);
+            }
+        }
+        let fd = insert(s);
+        if !addr.is_null() && !addrlen.is_null() {
+            // SAFETY: the program's output buffers.
+            unsafe { rgetpeername(fd, addr, addrlen) };
+        }
+        fd
+    })
+}
+
+/// `rconnect`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rconnect(
+    socket: c_int,
+    addr: *const sockaddr,
+    _len: libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        // SAFETY: the program's address.
+        let Some(dst) = (unsafe { read_sockaddr(addr) }) else {
+            return fail(libc::EINVAL);
+        };
+        let mut s = sock.lock();
+        // SAFETY: the storage arm covers the union.
+        write_sockaddr(
+            unsafe { &mut (*s.cm_id).route.addr.__bindgen_anon_2.dst_storage },
+            dst,
+        );
+        match do_connect(&mut s) {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Finishes a connection a non-blocking socket began, before it moves data.
+fn ensure_connected(s: &mut Stream) -> Result<(), c_int> {
+    if s.state & ST_OPENING != 0 {
+        return do_connect(s).map_err(|e| if e == libc::EINPROGRESS { libc::EAGAIN } else { e });
+    }
+    Ok(())
+}
+
+fn send_bytes(socket: c_int, data: &[u8], flags: c_int) -> isize {
+    let Some(sock) = lookup(socket) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = sock.lock();
+    if let Err(e) = ensure_connected(&mut g) {
+        return fail(e);
+    }
+    if g.state & ST_CONNECTED == 0 && g.state & ST_DISCONNECTED == 0 {
+        return fail(libc::ENOTCONN);
+    }
+    let mut sent = 0usize;
+    let mut olen = OLAP_START_SIZE;
+    let mut err = 0;
+    let (ng, r) = iomap::send_pending(&sock, g, flags);
+    g = ng;
+    if let Err(e) = r {
+        return fail(e);
+    }
+    while sent < data.len() {
+        if !g.can_send() {
+            let nb = nonblocking(&g, flags);
+            let (ng, r) = wait(&sock, g, nb, conn_can_send);
+            g = ng;
+            if let Err(e) = r {
+                err = e;
+                break;
+            }
+            if g.state & ST_WRITABLE == 0 {
+                err = libc::ECONNRESET;
+                break;
+            }
+        }
+        match g.send_some(&data[sent..], &mut olen) {
+            Ok(n) => sent += n,
+            Err(e) => {
+                err = e;
+                break;
+            }
+        }
+    }
+    if err != 0 && sent == 0 {
+        return fail(err);
+    }
+    sent as isize
+}
+
+fn recv_bytes(socket: c_int, out: &mut [u8], flags: c_int) -> isize {
+    let Some(sock) = lookup(socket) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = sock.lock();
+    if let Err(e) = ensure_connected(&mut g) {
+        return fail(e);
+    }
+    let mut got = 0usize;
+    let mut err = 0;
+    loop {
+        if !g.have_rdata() {
+            let nb = nonblocking(&g, flags);
+            let (ng, r) = wait(&sock, g, nb, conn_have_rdata);
+            g = ng;
+            if let Err(e) = r {
+                err = e;
+                break;
+            }
+        }
+        if flags & libc::MSG_PEEK != 0 {
+            got = g.read_some(out, true);
+            break;
+        }
+        got += g.read_some(&mut out[got..], false);
+        g.update_credits();
+        let more = got < out.len() && flags & libc::MSG_WAITALL != 0 && g.state & ST_READABLE != 0;
+        if !more {
+            break;
+        }
+    }
+    if err != 0 && got == 0 {
+        return fail(err);
+    }
+    got as isize
+}
+
+/// `rsend`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rsend(
+    socket: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        if buf.is_null() && len > 0 {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: the program's `len` bytes.
+        let data = unsafe { slice_or_empty(buf.cast(), len) };
+        send_bytes(socket, data, flags)
+    })
+}
+
+/// `rwrite`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rwrite(socket: c_int, buf: *const c_void, len: usize) -> isize {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { rsend(socket, buf, len, 0) }
+}
+
+/// `rsendto`: a stream socket takes no address.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rsendto(
+    socket: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    dest: *const sockaddr,
+    addrlen: libc::socklen_t,
+) -> isize {
+    if !dest.is_null() || addrlen != 0 {
+        return fail(libc::EISCONN);
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { rsend(socket, buf, len, flags) }
+}
+
+/// The bytes of `iov` gathered (rsockets copy every send into their own buffer anyway).
+///
+/// # Safety
+/// `iov` holds `n` valid iovecs (or is NULL with `n` 0).
+unsafe fn gather(iov: *const libc::iovec, n: c_int) -> Option<Vec<u8>> {
+    if n < 0 || (iov.is_null() && n > 0) {
+        return None;
+    }
+    let mut v = Vec::new();
+    for i in 0..n as usize {
+        // SAFETY: the caller's contract.
+        let e = unsafe { &*iov.add(i) };
+        // SAFETY: the program's buffer of `iov_len` bytes.
+        v.extend_from_slice(unsafe { slice_or_empty(e.iov_base.cast(), e.iov_len) });
+    }
+    Some(v)
+}
+
+/// `rwritev`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rwritev(
+    socket: c_int,
+    iov: *const libc::iovec,
+    iovcnt: c_int,
+) -> isize {
+    guard(-1, || {
+        // SAFETY: the program's iovecs.
+        let Some(data) = (unsafe { gather(iov, iovcnt) }) else {
+            return fail(libc::EINVAL);
+        };
+        send_bytes(socket, &data, 0)
+    })
+}
+
+/// `rsendmsg` (no control data).
+#[no_mangle]
+pub(super) unsafe extern "C" fn rsendmsg(
+    socket: c_int,
+    msg: *const libc::msghdr,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        // SAFETY: the program's header.
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            return fail(libc::EINVAL);
+        };
+        if !m.msg_control.is_null() && m.msg_controllen > 0 {
+            return fail(libc::EOPNOTSUPP);
+        }
+        // SAFETY: its iovecs.
+        let Some(data) = (unsafe { gather(m.msg_iov, m.msg_iovlen as c_int) }) else {
+            return fail(libc::EINVAL);
+        };
+        send_bytes(socket, &data, flags)
+    })
+}
+
+/// `rrecv`: what has arrived (waiting for something unless non-blocking); 0 at the end of the
+/// peer's stream. Data already queued is still read after the peer disconnected.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rrecv(
+    socket: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
+    guard(-1, || {
+        if buf.is_null() && len > 0 {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: the program's `len` writable bytes.
+        let out = unsafe { slice_mut_or_empty(buf.cast(), len) };
+        recv_bytes(socket, out, flags)
+    })
+}
+
+/// `rread`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rread(socket: c_int, buf: *mut c_void, len: usize) -> isize {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { rrecv(socket, buf, len, 0) }
+}
+
+/// `rrecvfrom`: `rrecv`, with the peer's address.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rrecvfrom(
+    socket: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    src: *mut sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> isize {
+    // SAFETY: the caller's contract, passed on.
+    let n = unsafe { rrecv(socket, buf, len, flags) };
+    if n > 0 && !src.is_null() && !addrlen.is_null() {
+        // SAFETY: the program's output buffers.
+        unsafe { rgetpeername(socket, src, addrlen) };
+    }
+    n
+}
+
+/// `rreadv`: into the first buffer only, as librdmacm's.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rreadv(
+    socket: c_int,
+    iov: *const libc::iovec,
+    iovcnt: c_int,
+) -> isize {
+    if iov.is_null() || iovcnt < 1 {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the program's first iovec.
+    let e = unsafe { &*iov };
+    // SAFETY: as above.
+    unsafe { rrecv(socket, e.iov_base, e.iov_len, 0) }
+}
+
+/// `rrecvmsg`: into the first buffer only, as librdmacm's.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rrecvmsg(
+    socket: c_int,
+    msg: *mut libc::msghdr,
+    flags: c_int,
+) -> isize {
+    // SAFETY: the program's header.
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return fail(libc::EINVAL);
+    };
+    if !m.msg_control.is_null() && m.msg_controllen > 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    if m.msg_iov.is_null() || m.msg_iovlen < 1 {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: its first iovec.
+    let e = unsafe { &*m.msg_iov };
+    // SAFETY: as above.
+    unsafe { rrecv(socket, e.iov_base, e.iov_len, flags) }
+}
+
+/// # Safety
+/// `p` points to `len` readable bytes, or `len` is 0.
+unsafe fn slice_or_empty<'a>(p: *const u8, len: usize) -> &'a [u8] {
+    if len == 0 || p.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+}
+
+/// # Safety
+/// `p` points to `len` writable bytes nothing else uses, or `len` is 0.
+unsafe fn slice_mut_or_empty<'a>(p: *mut u8, len: usize) -> &'a mut [u8] {
+    if len == 0 || p.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+}
+
+/// `rshutdown`: tells the peer (a control message), then waits for this side's sends to
+/// complete.
+#[no_mangle]
+pub(super) extern "C" fn rshutdown(socket: c_int, how: c_int) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        let mut g = sock.lock();
+        let saved = g.fd_flags;
+        g.fd_flags &= !libc::O_NONBLOCK;
+        let mut ret = 0;
+        if g.state & ST_CONNECTED != 0 {
+            let ctrl = if how == libc::SHUT_RDWR {
+                g.state &= !(ST_READABLE | ST_WRITABLE);
+                Some(CTRL_DISCONNECT)
+            } else if how == libc::SHUT_WR {
+                g.state &= !ST_WRITABLE;
+                Some(if g.state & ST_READABLE != 0 {
+                    CTRL_SHUTDOWN
+                } else {
+                    CTRL_DISCONNECT
+                })
+            } else {
+                g.state &= !ST_READABLE;
+                (g.state & ST_WRITABLE == 0).then_some(CTRL_DISCONNECT)
+            };
+            if let Some(ctrl) = ctrl {
+                if !g.ctrl_avail() {
+                    let (ng, r) = wait(&sock, g, false, conn_can_send_ctrl);
+                    g = ng;
+                    if r.is_err() {
+                        ret = -1;
+                    }
+                }
+                if ret == 0 && g.state & ST_CONNECTED != 0 && g.ctrl_avail() {
+                    if let Err(e) = g.send_ctrl(ctrl) {
+                        set_errno(e);
+                        ret = -1;
+                    }
+                }
+            }
+        }
+        if ret == 0 && g.state & ST_CONNECTED != 0 {
+            let (ng, _) = wait(&sock, g, false, conn_all_sends_done);
+            g = ng;
+        }
+        g.fd_flags = saved;
+        if g.state & ST_DISCONNECTED != 0 {
+            g.qp_to_error();
+        }
+        ret
+    })
+}
+
+/// `rclose`: a graceful shutdown if connected, then everything freed (the id's connection
+/// ends with it).
+#[no_mangle]
+pub(super) extern "C" fn rclose(socket: c_int) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        if sock.lock().state & ST_CONNECTED != 0 {
+            rshutdown(socket, libc::SHUT_RDWR);
+        }
+        SOCKETS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&socket);
+        let mut g = sock.lock();
+        g.free_ep();
+        // SAFETY: our id, destroyed once (the socket is out of the table).
+        unsafe { rdma_destroy_id(g.cm_id) };
+        g.cm_id = std::ptr::null_mut();
+        0
+    })
+}
+
+/// Copies `a` into the program's `addr` of `*len` bytes, writing the full length back.
+///
+/// # Safety
+/// `addr` has `*len` writable bytes.
+unsafe fn copy_addr_out(a: Option<SocketAddr>, addr: *mut sockaddr, len: *mut libc::socklen_t) {
+    let mut st = sockaddr_storage::default();
+    let full = match a {
+        Some(SocketAddr::V4(_)) => std::mem::size_of::<libc::sockaddr_in>(),
+        _ => std::mem::size_of::<libc::sockaddr_in6>(),
+    };
+    if let Some(a) = a {
+        write_sockaddr(&mut st, a);
+    }
+    // SAFETY: the caller's contract: at most `*len` bytes written.
+    unsafe {
+        let n = (*len as usize).min(full);
+        std::ptr::copy_nonoverlapping((&st as *const sockaddr_storage).cast::<u8>(), addr.cast(), n);
+        *len = full as libc::socklen_t;
+    }
+}
+
+/// `rgetpeername`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rgetpeername(
+    socket: c_int,
+    addr: *mut sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        if addr.is_null() || len.is_null() {
+            return fail(libc::EFAULT);
+        }
+        let g = sock.lock();
+        // SAFETY: our live id.
+        let Some(i) = (unsafe { id_of(g.cm_id) }) else {
+            return fail(libc::EBADF);
+        };
+        let a = dst_addr(i);
+        // SAFETY: the program's buffers.
+        unsafe { copy_addr_out(a, addr, len) };
+        0
+    })
+}
+
+/// `rgetsockname`.
+#[no_mangle]
+pub(super) unsafe extern "C" fn rgetsockname(
+    socket: c_int,
+    addr: *mut sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
+    guard(-1, || {
+        let Some(sock) = lookup(socket) else {
+            return fail(libc::EBADF);
+        };
+        if addr.is_null() || len.is_null() {
+            return fail(libc::EFAULT);
+        }
+        let g = sock.lock();
+        // SAFETY: our live id.
+        let Some(i) = (unsafe { id_of(g.cm_id) }) else {
+            return fail(libc::EBADF);
+        };
+        let a = src_addr(i);
+        // SAFETY: the program's buffers.
+        unsafe { copy_addr_out(a, addr, len) };
+        0
+    })
+}
