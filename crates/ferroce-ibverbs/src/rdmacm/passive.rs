@@ -44,6 +44,10 @@ pub(super) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
                 let (Ok(local), Ok(remote)) = (s.local_addr(), s.peer_addr()) else {
                     continue;
                 };
+                // A dual-stack listener (bound to `::`) sees an IPv4 peer as ::ffff:a.b.c.d:
+                // the connection is IPv4, and so are its device and addresses.
+                let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+                let (local, remote) = (canonical(local), canonical(remote));
                 let Some(dev) = device_for(local.ip()) else {
                     let _ = s.write_all(
                         &Message::Reject {
