@@ -212,7 +212,7 @@ gfinish() {
   local i=0 limit=$((${2:-150} * 5))
   while [ ! -f "$RUN/vm0/out/$1.rc" ]; do
     sleep 0.2; i=$((i+1))
-    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|ibv_uc_pingpong|ibv_ud_pingpong|rdma_imm|fi_pingpong'; true" 10 >/dev/null; sleep 1; break; }
+    [ $i -gt $limit ] && { gexec 0 "pkill -f 'ib_|ibv_rc_pingpong|ibv_uc_pingpong|ibv_ud_pingpong|rdma_imm|fi_pingpong|rstream|riostream|rcopy'; true" 10 >/dev/null; sleep 1; break; }
   done
   cat "$RUN/vm0/out/$1.rc" 2>/dev/null || echo 124
 }
@@ -486,6 +486,53 @@ check "rdmacm_perftest_send_bw_host_client" dropin_cm_pt client send_bw "-s 6553
 check "rdmacm_perftest_send_bw_host_server" dropin_cm_pt server send_bw "-s 65536 -n 200 -t 2" 65536
 check "rdmacm_perftest_write_lat_host_server" dropin_cm_pt server write_lat "-s 8 -n 300" 8
 
+# ---- 3d. rsockets over the wire CM: rstream, riostream, rcopy ----------------------------------
+# librdmacm's rsockets in the guest (rdma-core's, over rxe) and ferroce's on the host speak one
+# protocol: rs_conn_data in the CM private data, data by RDMA WRITE with immediate into the
+# peer's ring, credits by WRITEs into its target SGL, direct writes into riomap'ed buffers.
+# Data checked (-T v), 64 KiB transfers; rcopy's file compared by checksum on the other side.
+rs_rows() { grep -qE '^custom +64k +' "$OUT/$1.out" && grep -qE '^custom +64k +' "$OUT/$1.rxe"; }
+rs_check() {
+  local tool=$1 role=$2 tag=rs_$1_$2 opts="-S 65536 -C 100 -I 1 -T v -p 7471"
+  if [ "$role" = client ]; then
+    cm_client "$tag" "$tool -b $G $opts" $CM $tool -s $G $opts && rs_rows "$tag"
+  else
+    cm_server "$tag" 7471 "$tool -s $H $opts" $CM $tool -b $H $opts && rs_rows "$tag"
+  fi
+}
+for tool in rstream riostream; do
+  check "rsocket_${tool}_host_client" rs_check $tool client
+  check "rsocket_${tool}_host_server" rs_check $tool server
+done
+# rcopy: 4 MiB of random bytes each way, compared by SHA-256 on the receiving side.
+rcopy_to_guest() {
+  head -c 4194304 /dev/urandom > "$OUT/rcopy.src"
+  cp "$OUT/rcopy.src" "$RUN/vm0/out/rcopy.src"
+  gstart rc_c "rcopy -p 7471"
+  gexec 0 "i=0; while ! rdma res show cm_id | grep -q LISTEN; do i=\$((i+1)); [ \$i -gt 60 ] && break; sleep 0.25; done" 30 >/dev/null
+  timeout 120 $CM rcopy "$OUT/rcopy.src" "$G:/tmp/rcopy.dst" -p 7471 > "$OUT/rc_c.out" 2>&1; local rc=$?
+  gexec 0 "pkill -f 'rcopy -p 7471'; true" 10 >/dev/null
+  local want got; want=$(sha256sum < "$OUT/rcopy.src" | cut -d' ' -f1)
+  got=$(gexec 0 "sha256sum < /tmp/rcopy.dst" 30 | cut -d' ' -f1)
+  echo "--- ferroce (exit $rc):"; cat "$OUT/rc_c.out"; echo "sent $want, guest has $got"
+  [ $rc -eq 0 ] && [ "$want" = "$got" ]
+}
+rcopy_from_guest() {
+  gexec 0 "head -c 4194304 /dev/urandom > /tmp/rcopy.src" 30 >/dev/null
+  local want; want=$(gexec 0 "sha256sum < /tmp/rcopy.src" 30 | cut -d' ' -f1)
+  rm -f "$OUT/rcopy.dst"
+  (cd "$OUT" && timeout 120 $CM rcopy -p 7471 > "$OUT/rc_s.out" 2>&1) &
+  local p=$!
+  wait_listen 7471
+  gexec 0 "timeout 120 rcopy /tmp/rcopy.src $H:$OUT/rcopy.dst -p 7471" 150 > "$OUT/rc_s.rxe"; local rc=$?
+  sleep 1; kill $p 2>/dev/null; wait $p 2>/dev/null
+  local got; got=$(sha256sum < "$OUT/rcopy.dst" 2>/dev/null | cut -d' ' -f1)
+  echo "--- rxe (exit $rc):"; cat "$OUT/rc_s.rxe"; echo "--- ferroce:"; cat "$OUT/rc_s.out"; echo "guest sent $want, host has $got"
+  [ $rc -eq 0 ] && [ -n "$want" ] && [ "$want" = "$got" ]
+}
+check "rsocket_rcopy_host_client" rcopy_to_guest
+check "rsocket_rcopy_host_server" rcopy_from_guest
+
 # Lost CM messages, recovered by the CM's retries: nftables on the host drops the first REQ
 # and RTU ferroce sends and the first REP it receives (UD SENDs to QP1: BTH opcode 0x64, QPN
 # 1, the MAD's attribute ID 36 bytes into the UDP payload), then the first REP it sends.
@@ -619,6 +666,6 @@ PY
 fi
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-expected=74
+expected=80
 [ -n "${LIVE_ONLY:-}" ] && expected=$((pass + ${#failed[@]}))
 summarize "$expected" "$secs"
