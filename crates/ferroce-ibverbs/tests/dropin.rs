@@ -985,6 +985,154 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
     }
 }
 
+/// rsockets: rdma-core's unmodified `rstream`, `riostream` and `rcopy` over the drop-in
+/// librdmacm, between two processes (over shared memory and over UDP) and between two
+/// namespace hosts through the wire CM. `-T v` checks every byte; `rstream` also runs its
+/// asynchronous (`rpoll`) and non-blocking modes; `rcopy`'s copy is compared with the source.
+#[test]
+fn rsockets_rstream_riostream_and_rcopy_between_processes_and_namespace_hosts() {
+    let row = |out: &str, what: &str| {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("custom") || l.contains("_bw")),
+            "{what}: no result row\n{out}"
+        );
+    };
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("rstream", "auto", &["-T", "v"]),
+        (
+            "rstream",
+            "udp",
+            &["-T", "v", "-S", "65536", "-C", "1000", "-I", "1"],
+        ),
+        (
+            "rstream",
+            "auto",
+            &["-T", "a", "-S", "4096", "-C", "10000", "-I", "1"],
+        ),
+        (
+            "rstream",
+            "auto",
+            &["-T", "n", "-S", "65536", "-C", "1000", "-I", "1"],
+        ),
+        (
+            "riostream",
+            "auto",
+            &["-T", "v", "-S", "65536", "-C", "1000", "-I", "1"],
+        ),
+        (
+            "riostream",
+            "udp",
+            &["-T", "v", "-S", "4096", "-C", "1000", "-I", "1"],
+        ),
+    ];
+    for (i, &(tool, provider, opts)) in cases.iter().enumerate() {
+        let port = (18970 + i).to_string();
+        let mk = |bind: (&str, &str)| {
+            let mut c = over_ferroce(tool);
+            c.args([bind.0, bind.1, "-p", &port])
+                .args(opts)
+                .env("FERROCE_PROVIDER", provider);
+            c
+        };
+        let (st, ct) = pair(
+            mk(("-b", "127.0.0.1")),
+            mk(("-s", "127.0.0.1")),
+            port.parse().unwrap(),
+        );
+        let what = format!("{tool} {provider} {opts:?}");
+        row(&st, &what);
+        row(&ct, &what);
+    }
+    // rcopy: 5 MB of random bytes, compared after the copy.
+    let src = scratch("rcopy.src");
+    let dst = scratch("rcopy.dst");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..5_000_000)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    let _ = std::fs::remove_file(&dst);
+    let mut server = over_ferroce("rcopy");
+    server.args(["-p", "18990"]);
+    let mut s = server
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(18990, &mut s);
+    let c = over_ferroce("rcopy")
+        .arg(&src)
+        .arg(format!("127.0.0.1:{}", dst.display()))
+        .args(["-p", "18990"])
+        .output()
+        .unwrap();
+    let _ = s.kill();
+    let s = s.wait_with_output().unwrap();
+    assert!(
+        c.status.success(),
+        "rcopy client\n{}\nserver\n{}",
+        text(&c),
+        text(&s)
+    );
+    assert!(text(&c).contains("5000000 bytes"), "{}", text(&c));
+    assert!(std::fs::read(&dst).unwrap() == data, "rcopy's copy differs");
+
+    // Two namespace hosts, the CM on the wire.
+    assert!(
+        is_root(),
+        "this test makes network namespaces: run it as root (CI does)"
+    );
+    let hosts = TwoHosts::new();
+    for (i, tool) in ["rstream", "riostream"].into_iter().enumerate() {
+        let port = (18995 + i).to_string();
+        let opts = [
+            "-T",
+            "v",
+            "-S",
+            "65536",
+            "-C",
+            "500",
+            "-I",
+            "1",
+            "-p",
+            port.as_str(),
+        ];
+        let mut server = hosts.run(NS_A, tool);
+        server
+            .env("FERROCE_RDMA_CM", "ib")
+            .args(["-b", "10.77.0.1"])
+            .args(opts);
+        let mut s = server
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+        let c = hosts
+            .run(NS_B, tool)
+            .env("FERROCE_RDMA_CM", "ib")
+            .args(["-s", "10.77.0.1"])
+            .args(opts)
+            .output()
+            .unwrap();
+        let limit = if c.status.success() { 60 } else { 5 };
+        let s = wait_with_timeout(s, Duration::from_secs(limit));
+        let (st, ct) = (text(&s), text(&c));
+        assert!(
+            s.status.success() && c.status.success(),
+            "{tool} between hosts\nserver:\n{st}\nclient:\n{ct}"
+        );
+        row(&st, tool);
+        row(&ct, tool);
+    }
+}
+
 /// libfabric's verbs provider over the drop-in libraries: Debian's unmodified `fi_pingpong`
 /// (libfabric 1.17) with MSG endpoints (rdma_cm connections and verbs RC QPs) and RDM
 /// endpoints (libfabric's rxm over MSG), every size from 64 B to 1 MiB, each message checked

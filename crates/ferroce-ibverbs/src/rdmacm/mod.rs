@@ -66,9 +66,9 @@ pub use tcp::Message;
 use tcp::*;
 use verbs::*;
 
-/// The rest of librdmacm: SRQs on ids, multicast, migration, the calls for a program's own QP
-/// (`rdma_establish`, `rdma_init_qp_attr`), rejecting for an ECE (`rdma_reject_ece`: the REJ
-/// carries no reason) and rsockets. They fail as unsupported.
+/// The rest of librdmacm: SRQs on ids, multicast, the calls for a program's own QP
+/// (`rdma_establish`, `rdma_init_qp_attr`) and rejecting for an ECE (`rdma_reject_ece`: the
+/// REJ carries no reason). They fail as unsupported.
 mod unsupported {
 
     // why: not built yet: an SRQ made on an id, multicast groups, and the calls for a QP the

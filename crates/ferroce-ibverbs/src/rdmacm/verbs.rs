@@ -42,7 +42,8 @@ pub(super) type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
 
 pub(super) type EceFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_ece) -> c_int;
 
-pub(super) type RegMrFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+pub(super) type RegMrFn =
+    unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
 
 pub(super) type DeregMrFn = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
 

@@ -60,20 +60,14 @@ pub(super) unsafe extern "C" fn riomap(
         let writable = prot & libc::PROT_WRITE != 0;
         let index = if writable {
             let slots = g.remote_iomap.length as usize;
-            let Some(i) = (0..slots).find(|i| !g.iomaps.iter().any(|m| m.index == Some(*i)))
-            else {
+            let Some(i) = (0..slots).find(|i| !g.iomaps.iter().any(|m| m.index == Some(*i))) else {
                 return fail(libc::ENOMEM);
             };
             Some(i)
         } else {
             None
         };
-        let access = IBV_ACCESS_LOCAL_WRITE
-            | if writable {
-                IBV_ACCESS_REMOTE_WRITE
-            } else {
-                0
-            };
+        let access = IBV_ACCESS_LOCAL_WRITE | if writable { IBV_ACCESS_REMOTE_WRITE } else { 0 };
         // SAFETY: the program's buffer of `len` bytes, registered on the socket's PD.
         let mr = unsafe { (v.reg_mr)(pd, buf, len, access as c_int) };
         if mr.is_null() {

@@ -168,8 +168,11 @@ fn event_private(s: &Stream) -> Option<Vec<u8>> {
             return None;
         }
         Some(
-            std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len))
-                .to_vec(),
+            std::slice::from_raw_parts(
+                c.private_data.cast::<u8>(),
+                usize::from(c.private_data_len),
+            )
+            .to_vec(),
         )
     }
 }
@@ -190,59 +193,51 @@ fn do_connect(s: &mut Stream) -> Result<(), c_int> {
 }
 
 fn connect_steps(s: &mut Stream) -> Result<(), c_int> {
-    loop {
-        match s.state {
-            ST_INIT | ST_BOUND => {
-                s.state = ST_RESOLVING_ADDR;
-                // SAFETY: our live id; the destination was stored in its route.
-                let rc = unsafe {
-                    let dst = std::ptr::addr_of_mut!((*s.cm_id).route.addr.__bindgen_anon_2.dst_addr);
-                    rdma_resolve_addr(s.cm_id, std::ptr::null_mut(), dst, 2000)
-                };
-                if rc != 0 {
-                    let e = errno();
-                    if e == libc::EAGAIN {
-                        return Err(e);
-                    }
-                    return Err(e);
-                }
-                s.state = ST_RESOLVING_ROUTE;
-                // SAFETY: our live id.
-                if unsafe { rdma_resolve_route(s.cm_id, 2000) } != 0 {
-                    return Err(errno());
-                }
-                s.create_ep()?;
-                let data = s.conn_data();
-                let mut param = rdma_conn_param {
-                    private_data: data.as_ptr().cast(),
-                    private_data_len: CONN_DATA_LEN as u8,
-                    flow_control: 1,
-                    retry_count: 7,
-                    rnr_retry_count: 7,
-                    ..Default::default()
-                };
-                s.state = ST_CONNECTING;
-                // SAFETY: our live id; the private data lives through the call (copied).
-                if unsafe { active::rdma_connect(s.cm_id, &mut param) } != 0 {
-                    return Err(errno());
-                }
-                return connected(s);
+    match s.state {
+        ST_INIT | ST_BOUND => {
+            s.state = ST_RESOLVING_ADDR;
+            // SAFETY: our live id; the destination was stored in its route.
+            let rc = unsafe {
+                let dst = std::ptr::addr_of_mut!((*s.cm_id).route.addr.__bindgen_anon_2.dst_addr);
+                rdma_resolve_addr(s.cm_id, std::ptr::null_mut(), dst, 2000)
+            };
+            if rc != 0 {
+                return Err(errno());
             }
-            ST_RESOLVING_ADDR | ST_RESOLVING_ROUTE => {
-                // A synchronous resolution never waits here (ferroce resolves at once).
-                return Err(libc::EINVAL);
+            s.state = ST_RESOLVING_ROUTE;
+            // SAFETY: our live id.
+            if unsafe { rdma_resolve_route(s.cm_id, 2000) } != 0 {
+                return Err(errno());
             }
-            ST_CONNECTING => {
-                complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
-                return connected(s);
+            s.create_ep()?;
+            let data = s.conn_data();
+            let mut param = rdma_conn_param {
+                private_data: data.as_ptr().cast(),
+                private_data_len: CONN_DATA_LEN as u8,
+                flow_control: 1,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                ..Default::default()
+            };
+            s.state = ST_CONNECTING;
+            // SAFETY: our live id; the private data lives through the call (copied).
+            if unsafe { active::rdma_connect(s.cm_id, &mut param) } != 0 {
+                return Err(errno());
             }
-            ST_ACCEPTING => {
-                complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
-                s.state = ST_CONNECT_RDWR;
-                return Ok(());
-            }
-            _ => return Err(libc::EINVAL),
+            connected(s)
         }
+        // ferroce resolves addresses and routes at once: a resolution never waits.
+        ST_RESOLVING_ADDR | ST_RESOLVING_ROUTE => Err(libc::EINVAL),
+        ST_CONNECTING => {
+            complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
+            connected(s)
+        }
+        ST_ACCEPTING => {
+            complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
+            s.state = ST_CONNECT_RDWR;
+            Ok(())
+        }
+        _ => Err(libc::EINVAL),
     }
 }
 
@@ -265,8 +260,14 @@ pub(super) extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) ->
         }
         let mut id = std::ptr::null_mut();
         // SAFETY: a synchronous id (NULL channel) for TCP's port space.
-        if unsafe { rdma_create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), RDMA_PS_TCP) }
-            != 0
+        if unsafe {
+            rdma_create_id(
+                std::ptr::null_mut(),
+                &mut id,
+                std::ptr::null_mut(),
+                RDMA_PS_TCP,
+            )
+        } != 0
         {
             return -1;
         }
@@ -331,7 +332,11 @@ pub(super) unsafe extern "C" fn raccept(
         };
         let (lid, nonblock, proto) = {
             let l = listen.lock();
-            (l.cm_id, l.fd_flags & libc::O_NONBLOCK != 0, Stream::new(std::ptr::null_mut(), Some(&l)))
+            (
+                l.cm_id,
+                l.fd_flags & libc::O_NONBLOCK != 0,
+                Stream::new(std::ptr::null_mut(), Some(&l)),
+            )
         };
         let mut child = std::ptr::null_mut();
         // SAFETY: the listener's live synchronous id (waits unless its channel is
@@ -421,7 +426,13 @@ pub(super) unsafe extern "C" fn rconnect(
 /// Finishes a connection a non-blocking socket began, before it moves data.
 fn ensure_connected(s: &mut Stream) -> Result<(), c_int> {
     if s.state & ST_OPENING != 0 {
-        return do_connect(s).map_err(|e| if e == libc::EINPROGRESS { libc::EAGAIN } else { e });
+        return do_connect(s).map_err(|e| {
+            if e == libc::EINPROGRESS {
+                libc::EAGAIN
+            } else {
+                e
+            }
+        });
     }
     Ok(())
 }
@@ -810,7 +821,11 @@ unsafe fn copy_addr_out(a: Option<SocketAddr>, addr: *mut sockaddr, len: *mut li
     // SAFETY: the caller's contract: at most `*len` bytes written.
     unsafe {
         let n = (*len as usize).min(full);
-        std::ptr::copy_nonoverlapping((&st as *const sockaddr_storage).cast::<u8>(), addr.cast(), n);
+        std::ptr::copy_nonoverlapping(
+            (&st as *const sockaddr_storage).cast::<u8>(),
+            addr.cast(),
+            n,
+        );
         *len = full as libc::socklen_t;
     }
 }

@@ -16,9 +16,8 @@ fn rsocket_events(sock: &RSocket, want: i16) -> i16 {
     let mut g = sock.lock();
     g.take_cq_event();
     if g.state & ST_OPENING != 0 {
-        match do_connect(&mut g) {
-            Err(libc::EINPROGRESS) => return 0,
-            _ => {}
+        if let Err(libc::EINPROGRESS) = do_connect(&mut g) {
+            return 0;
         }
     }
     if g.state & (ST_CONNECTED | ST_ERROR) != 0 || g.state == ST_DISCONNECTED {
@@ -32,12 +31,16 @@ fn rsocket_events(sock: &RSocket, want: i16) -> i16 {
         if want & libc::POLLOUT != 0 && g.can_send() {
             r |= libc::POLLOUT;
         }
+        // A hang-up is reported once the data that came before it has been read (librdmacm
+        // reports it at once, beside POLLIN: a program that takes POLLHUP for an error, as
+        // rstream's asynchronous mode does, then loses the peer's last message whenever the
+        // peer's disconnect arrives before it looks).
         if g.state & ST_CONNECTED == 0 {
-            r |= if g.state == ST_DISCONNECTED {
-                libc::POLLHUP
-            } else {
-                libc::POLLERR
-            };
+            if g.state != ST_DISCONNECTED {
+                r |= libc::POLLERR;
+            } else if !g.have_rdata() {
+                r |= libc::POLLHUP;
+            }
         }
         return r;
     }
@@ -84,7 +87,8 @@ pub(super) unsafe extern "C" fn rpoll(
         }
         // SAFETY: the program's `nfds` entries.
         let fds = unsafe { slice_mut_or_empty_pollfd(fds, nfds as usize) };
-        let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+        let deadline =
+            (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
         loop {
             let mut ready = 0;
             for f in fds.iter_mut() {

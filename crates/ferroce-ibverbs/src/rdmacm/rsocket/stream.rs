@@ -479,11 +479,7 @@ impl Stream {
             t.free(v);
             return Err(e);
         };
-        self.bufs = Some(Bufs {
-            sbuf,
-            rbuf,
-            target,
-        });
+        self.bufs = Some(Bufs { sbuf, rbuf, target });
         self.ssgl_offset = 0;
         self.sbuf_bytes_avail = self.sbuf_size;
         self.rbuf_free_offset = self.rbuf_size >> 1;
@@ -537,7 +533,12 @@ impl Stream {
         let mut c = [0u8; CONN_DATA_LEN];
         let Some(b) = &self.bufs else { return c };
         c[0] = 1;
-        c[1] = CONN_FLAG_IOMAP | if cfg!(target_endian = "big") { CONN_FLAG_NET } else { 0 };
+        c[1] = CONN_FLAG_IOMAP
+            | if cfg!(target_endian = "big") {
+                CONN_FLAG_NET
+            } else {
+                0
+            };
         c[2..4].copy_from_slice(&self.rq_size.to_be_bytes());
         c[7] = value_to_scale(u32::from(self.target_iomap_size), 8) as u8;
         let target = Sge {
@@ -738,7 +739,14 @@ impl Stream {
                 )
             };
             if self
-                .post_write(std::slice::from_mut(&mut sge), grant, Some(grant), inline, slot, rkey)
+                .post_write(
+                    std::slice::from_mut(&mut sge),
+                    grant,
+                    Some(grant),
+                    inline,
+                    slot,
+                    rkey,
+                )
                 .is_err()
             {
                 self.fail(libc::EIO);
@@ -971,7 +979,8 @@ impl Stream {
             (1, false)
         } else {
             let first = self.sbuf_left();
-            b.sbuf.write(self.ssgl_offset as usize, &chunk[..first as usize]);
+            b.sbuf
+                .write(self.ssgl_offset as usize, &chunk[..first as usize]);
             b.sbuf.write(0, &chunk[first as usize..]);
             sgl[0] = ibv_sge {
                 addr: base + u64::from(self.ssgl_offset),
@@ -1138,7 +1147,14 @@ impl Stream {
         }
         self.iomaps[i].sent = true;
         let rkey_remote = self.remote_iomap.key;
-        self.post_write(std::slice::from_mut(&mut sge), m, Some(m), inline, slot, rkey_remote)
+        self.post_write(
+            std::slice::from_mut(&mut sge),
+            m,
+            Some(m),
+            inline,
+            slot,
+            rkey_remote,
+        )
     }
 
     /// A direct write of `data` at `addr`/`rkey` (in the peer's mapping); the caller checked
@@ -1189,7 +1205,8 @@ impl Stream {
             (1, false)
         } else {
             let first = self.sbuf_left();
-            b.sbuf.write(self.ssgl_offset as usize, &chunk[..first as usize]);
+            b.sbuf
+                .write(self.ssgl_offset as usize, &chunk[..first as usize]);
             b.sbuf.write(0, &chunk[first as usize..]);
             sgl[0] = ibv_sge {
                 addr: base + u64::from(self.ssgl_offset),
