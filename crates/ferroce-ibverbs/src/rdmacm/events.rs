@@ -176,14 +176,10 @@ pub(super) unsafe extern "C" fn rdma_get_cm_event(
         match e {
             Some(e) => {
                 let ev = e as *mut Event;
-                // SAFETY: a queued event box, now the program's until acknowledged; a new id
-                // from a request learns its event.
-                unsafe {
-                    if let Some(id) = id_of((*ev).c.id) {
-                        id.c.event = ev.cast();
-                    }
-                    *out = ev.cast();
-                }
+                // SAFETY: a queued event box, now the program's until acknowledged. Only
+                // `rdma_get_request` and a synchronous call keep an event in `id->event`, as
+                // librdmacm: an event the program acknowledges itself is never left there.
+                unsafe { *out = ev.cast() };
                 0
             }
             None => {

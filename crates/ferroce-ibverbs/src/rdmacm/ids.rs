@@ -13,6 +13,9 @@ pub(super) struct IdShared {
     /// The id's channel's events; another channel's after `rdma_migrate_id`. Locked while an
     /// event is queued, so none lands on a channel the id has left.
     pub(super) queue: Mutex<Arc<EventQueue>>,
+    /// The id's channel (its address): what a listener's new request ids report on, read
+    /// when the request comes (`rdma_migrate_id` may have moved the listener since).
+    pub(super) channel: std::sync::atomic::AtomicUsize,
     /// The peer's ECE, from its REQ (a passive id) or REP (an active one); vendor 0 if it sent
     /// none (`rdma_get_remote_ece`).
     pub(super) remote_ece: Mutex<Ece>,
@@ -104,6 +107,7 @@ pub(super) fn new_id(
             stream: Mutex::new(None),
             qp: Mutex::new(0),
             queue: Mutex::new(queue),
+            channel: std::sync::atomic::AtomicUsize::new(channel as usize),
             remote_ece: Mutex::new(Ece::default()),
             wire: Mutex::new(None),
         }),
@@ -157,8 +161,6 @@ pub(super) unsafe fn wait_sync(id: *mut rdma_cm_id, want: rdma_cm_event_type) ->
     if unsafe { rdma_get_cm_event(i.c.channel, &mut ev) } != 0 {
         return -1;
     }
-    // `rdma_get_cm_event` noted it in `event`; it is kept there only on success.
-    i.c.event = std::ptr::null_mut();
     // SAFETY: an event just handed out.
     let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
     if kind == want && status == 0 {
@@ -259,6 +261,7 @@ pub(super) unsafe extern "C" fn rdma_migrate_id(
             let mut current = i.shared.queue();
             if !Arc::ptr_eq(&current, &new_queue) {
                 let mut moved = Vec::new();
+                let mut children = Vec::new();
                 current
                     .events
                     .lock()
@@ -269,15 +272,36 @@ pub(super) unsafe extern "C" fn rdma_migrate_id(
                         let mine = ev.c.id == id || ev.c.listen_id == id;
                         if mine {
                             moved.push(e);
+                            if ev.c.listen_id == id && ev.c.id != id {
+                                children.push(ev.c.id);
+                            }
                         }
                         !mine
                     });
+                // A request not yet read moves with its new id: that id's later events follow
+                // it to the new channel.
+                for child in children {
+                    // SAFETY: a request's id, not yet the program's (its event is unread),
+                    // alive while its event is queued.
+                    if let Some(c) = unsafe { id_of(child) } {
+                        if !c.sync {
+                            c.c.channel = to;
+                            c.shared.channel.store(to as usize, Ordering::Release);
+                            *c.shared.queue() = new_queue.clone();
+                        }
+                    }
+                }
                 new_queue.push_moved(moved);
                 *current = new_queue;
             }
         }
+        if i.sync && !channel.is_null() {
+            // Leaving synchronous mode: the event its last call kept is done with.
+            release_sync_event(i);
+        }
         let (old, old_owned) = (i.c.channel, i.owns_channel);
         i.c.channel = to;
+        i.shared.channel.store(to as usize, Ordering::Release);
         i.sync = channel.is_null();
         i.owns_channel = owned;
         if old_owned && old != to {

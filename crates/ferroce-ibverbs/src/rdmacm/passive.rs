@@ -19,7 +19,6 @@ pub(super) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
         let shared = i.shared.clone();
         let listen = ListenOf {
             id: id as usize,
-            channel: i.c.channel as usize,
             context: i.c.context as usize,
             ps: i.c.ps,
             sync: i.sync,
@@ -104,7 +103,6 @@ pub(super) fn listen_on_wire(i: &mut CmId, listen: ListenOf) {
 #[derive(Clone, Copy)]
 pub(super) struct ListenOf {
     pub(super) id: usize,
-    pub(super) channel: usize,
     pub(super) context: usize,
     pub(super) ps: rdma_port_space,
     pub(super) sync: bool,
@@ -129,7 +127,7 @@ pub(super) fn post_request(
         new_sync_id(listen.context as *mut c_void, listen.ps)?
     } else {
         new_id(
-            listen.channel as *mut rdma_event_channel,
+            shared.channel.load(Ordering::Acquire) as *mut rdma_event_channel,
             shared.queue().clone(),
             listen.context as *mut c_void,
             listen.ps,

@@ -165,7 +165,10 @@ pub(super) unsafe extern "C" fn riowrite(
                     break;
                 }
             }
-            let room = (base + u64::from(sge.length) - at) as usize;
+            let room = base
+                .saturating_add(u64::from(sge.length))
+                .saturating_sub(at)
+                .min(count as u64) as usize;
             let end = (done + room).min(count);
             let addr = sge.addr.wrapping_add(at - base);
             match g.write_direct(&data[done..end], addr, sge.key, &mut olen) {

@@ -103,6 +103,10 @@ fn wait<'a>(
         // one waits for.
         unsafe { libc::poll(&mut p, 1, 10) };
         g = sock.lock();
+        if g.cm_id.is_null() {
+            // Closed by another thread meanwhile.
+            return (g, Err(libc::EBADF));
+        }
         g.take_cq_event();
     }
 }
@@ -181,6 +185,17 @@ fn event_private(s: &Stream) -> Option<Vec<u8>> {
 /// route, QP and buffers, connect, the peer's data; on a non-blocking socket each step that has
 /// to wait leaves the state where it is and fails with `EINPROGRESS`.
 fn do_connect(s: &mut Stream) -> Result<(), c_int> {
+    // A connected or failed socket keeps its state (a second `rconnect` is common).
+    if s.state & ST_CONNECTED != 0 {
+        return Err(libc::EISCONN);
+    }
+    if s.state & ST_OPENING == 0 && s.state != ST_INIT && s.state != ST_BOUND {
+        return Err(if s.state == ST_LISTENING {
+            libc::EINVAL
+        } else {
+            libc::ENOTCONN
+        });
+    }
     let r = connect_steps(s);
     if let Err(e) = r {
         if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
@@ -233,6 +248,11 @@ fn connect_steps(s: &mut Stream) -> Result<(), c_int> {
             connected(s)
         }
         ST_ACCEPTING => {
+            // The id's channel was made non-blocking only to accept; a blocking socket waits
+            // for its connection (librdmacm's `rs_do_connect`).
+            if s.fd_flags & libc::O_NONBLOCK == 0 {
+                set_id_nonblocking(s, false);
+            }
             complete(s, RDMA_CM_EVENT_ESTABLISHED)?;
             s.state = ST_CONNECT_RDWR;
             Ok(())
@@ -411,11 +431,13 @@ pub(super) unsafe extern "C" fn rconnect(
             return fail(libc::EINVAL);
         };
         let mut s = sock.lock();
-        // SAFETY: the storage arm covers the union.
-        write_sockaddr(
-            unsafe { &mut (*s.cm_id).route.addr.__bindgen_anon_2.dst_storage },
-            dst,
-        );
+        if s.state == ST_INIT || s.state == ST_BOUND {
+            // SAFETY: the storage arm covers the union.
+            write_sockaddr(
+                unsafe { &mut (*s.cm_id).route.addr.__bindgen_anon_2.dst_storage },
+                dst,
+            );
+        }
         match do_connect(&mut s) {
             Ok(()) => 0,
             Err(e) => fail(e),

@@ -183,6 +183,7 @@ pub(super) unsafe extern "C" fn rgetsockopt(
 /// commands take, which the x86-64 and AArch64 Linux calling conventions pass exactly as a
 /// third fixed argument (in `rdx`/`x2`); `F_GETFL` passes none, and the register's value is
 /// then not read.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
 pub(super) extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
     guard(-1, || {

@@ -11,10 +11,17 @@ use std::time::{Duration, Instant};
 use super::stream::*;
 use super::*;
 
-/// The events of `want` an rsocket has now (completions processed, never waiting).
-fn rsocket_events(sock: &RSocket, want: i16) -> i16 {
+/// The events of `want` an rsocket has now (completions processed, never waiting); a pending
+/// completion event is taken first unless `armed_for_wait` (then it must stay for `poll` to
+/// see: taking it would disarm the CQ the wait relies on).
+fn rsocket_events(sock: &RSocket, want: i16, armed_for_wait: bool) -> i16 {
     let mut g = sock.lock();
-    g.take_cq_event();
+    if g.cm_id.is_null() {
+        return libc::POLLNVAL;
+    }
+    if !armed_for_wait {
+        g.take_cq_event();
+    }
     if g.state & ST_OPENING != 0 {
         if let Err(libc::EINPROGRESS) = do_connect(&mut g) {
             return 0;
@@ -68,7 +75,7 @@ fn arm_rsocket(sock: &RSocket, want: i16) -> Option<c_int> {
             g.arm();
         }
     }
-    if rsocket_events(sock, want) != 0 {
+    if rsocket_events(sock, want, true) != 0 {
         return None;
     }
     Some(sock.lock().wait_fd())
@@ -93,7 +100,7 @@ pub(super) unsafe extern "C" fn rpoll(
             let mut ready = 0;
             for f in fds.iter_mut() {
                 f.revents = match lookup(f.fd) {
-                    Some(sock) => rsocket_events(&sock, f.events),
+                    Some(sock) => rsocket_events(&sock, f.events, false),
                     None => {
                         let mut p = *f;
                         // SAFETY: one pollfd, not waiting.

@@ -562,7 +562,8 @@ impl Stream {
             return Err(libc::EOPNOTSUPP);
         }
         let remote_sgl = Sge::from_net(&c[8..24]);
-        if remote_sgl.length == 0 || remote_sgl.length > 64 {
+        // librdmacm's table always has two slots; the index below cycles over exactly them.
+        if remote_sgl.length != SGL_SIZE as u32 {
             return Err(libc::EPROTO);
         }
         self.remote_sgl = remote_sgl;
@@ -571,7 +572,9 @@ impl Stream {
         self.swap_sgl = net != cfg!(target_endian = "big");
         if c[1] & CONN_FLAG_IOMAP != 0 {
             self.remote_iomap = Sge {
-                addr: remote_sgl.addr + SGE_LEN as u64 * u64::from(remote_sgl.length),
+                addr: remote_sgl
+                    .addr
+                    .wrapping_add(SGE_LEN as u64 * u64::from(remote_sgl.length)),
                 length: scale_to_value(u32::from(c[7]), 8),
                 key: remote_sgl.key,
             };
@@ -579,9 +582,9 @@ impl Stream {
         let data = Sge::from_net(&c[24..40]);
         if let Some(b) = &self.bufs {
             // The table is in this host's order: a peer of the other order swaps what it
-            // writes here (librdmacm's `RS_OPT_SWAP_SGL`), so reads never do.
+            // writes here (librdmacm's `RS_OPT_SWAP_SGL`), so reads never do. Only slot 0 is
+            // this side's: the peer's first grant may already be in slot 1.
             b.target.write_sge(0, data, false);
-            b.target.write_sge(SGE_LEN, Sge::default(), false);
         }
         self.target_sge = 0;
         self.sseq_comp = u16::from_be_bytes([c[2], c[3]]);
@@ -713,7 +716,10 @@ impl Stream {
                 &s.length.to_ne_bytes(),
             ]
             .concat();
-            let slot = self.remote_sgl.addr + (self.remote_sge * SGE_LEN) as u64;
+            let slot = self
+                .remote_sgl
+                .addr
+                .wrapping_add((self.remote_sge * SGE_LEN) as u64);
             let rkey = self.remote_sgl.key;
             let (mut sge, inline) = if usize::from(self.sq_inline) >= SGE_LEN {
                 (
@@ -757,10 +763,7 @@ impl Stream {
             if self.rbuf_free_offset >= self.rbuf_size {
                 self.rbuf_free_offset = 0;
             }
-            self.remote_sge += 1;
-            if self.remote_sge as u32 == self.remote_sgl.length {
-                self.remote_sge = 0;
-            }
+            self.remote_sge = (self.remote_sge + 1) % SGL_SIZE;
         } else if self.post_msg(grant).is_err() {
             self.fail(libc::EIO);
         }
@@ -826,10 +829,12 @@ impl Stream {
                     }
                     OP_WRITE => {}
                     _ => {
-                        // Data: bounded by what the ring and the queue can hold, whatever
-                        // the peer claims.
+                        // Data: bounded by the ring (what is unread, plus this, plus what
+                        // is free and not yet granted never exceeds it) and by the receive
+                        // queue, whatever the peer claims.
                         let queued: u64 = self.rmsg.iter().map(|&(_, n)| u64::from(n)).sum();
-                        if u64::from(data) + queued > u64::from(self.rbuf_size)
+                        if u64::from(data) + queued + u64::from(self.rbuf_bytes_avail)
+                            > u64::from(self.rbuf_size)
                             || self.rmsg.len() > usize::from(self.rq_size)
                         {
                             self.fail(libc::EPROTO);
@@ -950,7 +955,12 @@ impl Stream {
         } else {
             left as u32
         };
-        xfer = xfer.min(self.sbuf_bytes_avail).min(self.target().length);
+        // Read once: the peer may rewrite the slot (it must not, while it is in use).
+        let target = self.target();
+        xfer = xfer.min(self.sbuf_bytes_avail).min(target.length);
+        if xfer == 0 {
+            return Ok(0);
+        }
         let chunk = &data[..xfer as usize];
         let Some(b) = &self.bufs else {
             return Err(libc::ENOTCONN);
@@ -995,22 +1005,28 @@ impl Stream {
             self.ssgl_offset = xfer - first;
             (2, false)
         };
-        self.write_data(&mut sgl[..n], xfer, inline)?;
+        self.write_data(&mut sgl[..n], target, xfer, inline)?;
         Ok(xfer as usize)
     }
 
-    /// Writes `len` bytes at the current target SGE, moving it on (librdmacm updates the SGE
-    /// before the data goes, since the peer may replace it as soon as it is used up).
-    fn write_data(&mut self, sgl: &mut [ibv_sge], len: u32, inline: bool) -> Result<(), c_int> {
+    /// Writes `len` bytes (at most `t.length`) at the current target SGE `t`, moving it on
+    /// (librdmacm updates the SGE before the data goes, since the peer may replace it as soon
+    /// as it is used up).
+    fn write_data(
+        &mut self,
+        sgl: &mut [ibv_sge],
+        t: Sge,
+        len: u32,
+        inline: bool,
+    ) -> Result<(), c_int> {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
-        let t = self.target();
         let (addr, rkey) = (t.addr, t.key);
         let rest = Sge {
             addr: t.addr.wrapping_add(u64::from(len)),
             key: t.key,
-            length: t.length - len,
+            length: t.length.saturating_sub(len),
         };
         self.set_target(rest);
         if rest.length == 0 {
@@ -1123,38 +1139,58 @@ impl Stream {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= IOMAP_LEN as u32;
-        let slot = self.remote_iomap.addr + (index * IOMAP_LEN) as u64;
+        let slot = self
+            .remote_iomap
+            .addr
+            .wrapping_add((index * IOMAP_LEN) as u64);
         let m = msg(OP_IOMAP_SGL, index as u32);
-        let mut sge = ibv_sge {
+        let sge = ibv_sge {
             addr: bytes.as_ptr() as u64,
             length: IOMAP_LEN as u32,
             lkey: 0,
         };
         let inline = usize::from(self.sq_inline) >= IOMAP_LEN;
+        let mut sgl = [sge, ibv_sge::default()];
+        let mut n = 1;
         if !inline {
+            // Through the send buffer's ring, in two pieces where it wraps.
             let Some(b) = &self.bufs else {
                 return Err(libc::ENOTCONN);
             };
-            // Through the send buffer, in one piece (librdmacm's wrap is not needed for 24
-            // bytes: start over at the front when they do not fit).
-            if self.sbuf_left() < IOMAP_LEN as u32 {
-                self.ssgl_offset = 0;
+            let (lkey, base) = (b.sbuf.lkey(), b.sbuf.addr(0));
+            let left = self.sbuf_left() as usize;
+            if IOMAP_LEN <= left {
+                b.sbuf.write(self.ssgl_offset as usize, &bytes);
+                sgl[0] = ibv_sge {
+                    addr: base + u64::from(self.ssgl_offset),
+                    length: IOMAP_LEN as u32,
+                    lkey,
+                };
+                self.ssgl_offset = if IOMAP_LEN < left {
+                    self.ssgl_offset + IOMAP_LEN as u32
+                } else {
+                    0
+                };
+            } else {
+                b.sbuf.write(self.ssgl_offset as usize, &bytes[..left]);
+                b.sbuf.write(0, &bytes[left..]);
+                sgl[0] = ibv_sge {
+                    addr: base + u64::from(self.ssgl_offset),
+                    length: left as u32,
+                    lkey,
+                };
+                sgl[1] = ibv_sge {
+                    addr: base,
+                    length: (IOMAP_LEN - left) as u32,
+                    lkey,
+                };
+                self.ssgl_offset = (IOMAP_LEN - left) as u32;
+                n = 2;
             }
-            b.sbuf.write(self.ssgl_offset as usize, &bytes);
-            sge.addr = b.sbuf.addr(self.ssgl_offset as usize);
-            sge.lkey = b.sbuf.lkey();
-            self.ssgl_offset = (self.ssgl_offset + IOMAP_LEN as u32) % self.sbuf_size.max(1);
         }
         self.iomaps[i].sent = true;
         let rkey_remote = self.remote_iomap.key;
-        self.post_write(
-            std::slice::from_mut(&mut sge),
-            m,
-            Some(m),
-            inline,
-            slot,
-            rkey_remote,
-        )
+        self.post_write(&mut sgl[..n], m, Some(m), inline, slot, rkey_remote)
     }
 
     /// A direct write of `data` at `addr`/`rkey` (in the peer's mapping); the caller checked
