@@ -109,7 +109,10 @@ pub(super) unsafe extern "C" fn rsetsockopt(
             (SOL_RDMA, RDMA_RQSIZE) => g.rq_size = val.clamp(0, 0xFFFE) as u16,
             (SOL_RDMA, RDMA_INLINE) => g.sq_inline = val.clamp(0, 0xFFFE) as u16,
             (SOL_RDMA, RDMA_IOMAPSIZE) => g.target_iomap_size = val.clamp(0, 255) as u16,
-            _ => return fail(libc::EOPNOTSUPP),
+            // What the kernel says of an option it does not know (librdmacm says ENOTSUP,
+            // which programs such as iperf3 take for a failure rather than "not here": it
+            // asks every TCP socket for TCP_CONGESTION and gives up on anything else).
+            _ => return fail(libc::ENOPROTOOPT),
         }
         0
     })
@@ -163,7 +166,8 @@ pub(super) unsafe extern "C" fn rgetsockopt(
             (SOL_RDMA, RDMA_RQSIZE) => c_int::from(g.rq_size),
             (SOL_RDMA, RDMA_INLINE) => c_int::from(g.sq_inline),
             (SOL_RDMA, RDMA_IOMAPSIZE) => c_int::from(g.target_iomap_size),
-            _ => return fail(libc::EOPNOTSUPP),
+            // As for `rsetsockopt`.
+            _ => return fail(libc::ENOPROTOOPT),
         };
         // SAFETY: the program's buffer, `*optlen` bytes.
         unsafe {
