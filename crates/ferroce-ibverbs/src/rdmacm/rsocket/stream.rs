@@ -942,11 +942,10 @@ impl Stream {
         self.sbuf_size - self.ssgl_offset
     }
 
-    /// Sends up to the next transfer of `data` (the caller checked `can_send`); returns the
-    /// bytes sent. `olen` is the transfer size ramp.
-    pub(super) fn send_some(&mut self, data: &[u8], olen: &mut u32) -> Result<usize, c_int> {
-        let left = data.len() as u64;
-        let mut xfer = if u64::from(*olen) < left {
+    /// The size of the next transfer of `left` bytes: the ramp `olen` (doubling up to
+    /// [`MAX_TRANSFER`]: the first part leaves early, the rest are large), or all of it.
+    fn ramp(olen: &mut u32, left: usize) -> u32 {
+        if (*olen as usize) < left {
             let x = *olen;
             if *olen < MAX_TRANSFER {
                 *olen <<= 1;
@@ -954,57 +953,68 @@ impl Stream {
             x
         } else {
             left as u32
-        };
-        // Read once: the peer may rewrite the slot (it must not, while it is in use).
-        let target = self.target();
-        xfer = xfer.min(self.sbuf_bytes_avail).min(target.length);
-        if xfer == 0 {
-            return Ok(0);
         }
-        let chunk = &data[..xfer as usize];
+    }
+
+    /// Stages `chunk` for a WRITE: inline from the caller's bytes (which live through the
+    /// post) when it fits, else copied into the send ring, in two SGEs where the ring wraps.
+    /// Returns the SGEs, how many, and whether inline.
+    fn stage(&mut self, chunk: &[u8]) -> Result<([ibv_sge; 2], usize, bool), c_int> {
+        let len = chunk.len() as u32;
+        let mut sgl = [ibv_sge::default(); 2];
+        if len <= u32::from(self.sq_inline) {
+            sgl[0] = ibv_sge {
+                addr: chunk.as_ptr() as u64,
+                length: len,
+                lkey: 0,
+            };
+            return Ok((sgl, 1, true));
+        }
+        let left = self.sbuf_left();
         let Some(b) = &self.bufs else {
             return Err(libc::ENOTCONN);
         };
         let (lkey, base) = (b.sbuf.lkey(), b.sbuf.addr(0));
-        let mut sgl = [ibv_sge::default(); 2];
-        let (n, inline) = if xfer <= u32::from(self.sq_inline) {
+        let at = self.ssgl_offset;
+        if len <= left {
+            b.sbuf.write(at as usize, chunk);
             sgl[0] = ibv_sge {
-                addr: chunk.as_ptr() as u64,
-                length: xfer,
-                lkey: 0,
-            };
-            (1, true)
-        } else if xfer <= self.sbuf_left() {
-            b.sbuf.write(self.ssgl_offset as usize, chunk);
-            sgl[0] = ibv_sge {
-                addr: base + u64::from(self.ssgl_offset),
-                length: xfer,
+                addr: base + u64::from(at),
+                length: len,
                 lkey,
             };
-            self.ssgl_offset = if xfer < self.sbuf_left() {
-                self.ssgl_offset + xfer
-            } else {
-                0
-            };
-            (1, false)
+            self.ssgl_offset = if len < left { at + len } else { 0 };
+            Ok((sgl, 1, false))
         } else {
-            let first = self.sbuf_left();
-            b.sbuf
-                .write(self.ssgl_offset as usize, &chunk[..first as usize]);
-            b.sbuf.write(0, &chunk[first as usize..]);
+            b.sbuf.write(at as usize, &chunk[..left as usize]);
+            b.sbuf.write(0, &chunk[left as usize..]);
             sgl[0] = ibv_sge {
-                addr: base + u64::from(self.ssgl_offset),
-                length: first,
+                addr: base + u64::from(at),
+                length: left,
                 lkey,
             };
             sgl[1] = ibv_sge {
                 addr: base,
-                length: xfer - first,
+                length: len - left,
                 lkey,
             };
-            self.ssgl_offset = xfer - first;
-            (2, false)
-        };
+            self.ssgl_offset = len - left;
+            Ok((sgl, 2, false))
+        }
+    }
+
+    /// Sends up to the next transfer of `data` (the caller checked `can_send`); returns the
+    /// bytes sent. `olen` is the transfer size ramp.
+    pub(super) fn send_some(&mut self, data: &[u8], olen: &mut u32) -> Result<usize, c_int> {
+        // Read once: the peer may rewrite the slot (it must not, while it is in use).
+        let target = self.target();
+        let xfer = Self::ramp(olen, data.len())
+            .min(self.sbuf_bytes_avail)
+            .min(target.length);
+        if xfer == 0 {
+            return Ok(0);
+        }
+        let (mut sgl, n, inline) = self.stage(&data[..xfer as usize])?;
         self.write_data(&mut sgl[..n], target, xfer, inline)?;
         Ok(xfer as usize)
     }
@@ -1144,50 +1154,7 @@ impl Stream {
             .addr
             .wrapping_add((index * IOMAP_LEN) as u64);
         let m = msg(OP_IOMAP_SGL, index as u32);
-        let sge = ibv_sge {
-            addr: bytes.as_ptr() as u64,
-            length: IOMAP_LEN as u32,
-            lkey: 0,
-        };
-        let inline = usize::from(self.sq_inline) >= IOMAP_LEN;
-        let mut sgl = [sge, ibv_sge::default()];
-        let mut n = 1;
-        if !inline {
-            // Through the send buffer's ring, in two pieces where it wraps.
-            let Some(b) = &self.bufs else {
-                return Err(libc::ENOTCONN);
-            };
-            let (lkey, base) = (b.sbuf.lkey(), b.sbuf.addr(0));
-            let left = self.sbuf_left() as usize;
-            if IOMAP_LEN <= left {
-                b.sbuf.write(self.ssgl_offset as usize, &bytes);
-                sgl[0] = ibv_sge {
-                    addr: base + u64::from(self.ssgl_offset),
-                    length: IOMAP_LEN as u32,
-                    lkey,
-                };
-                self.ssgl_offset = if IOMAP_LEN < left {
-                    self.ssgl_offset + IOMAP_LEN as u32
-                } else {
-                    0
-                };
-            } else {
-                b.sbuf.write(self.ssgl_offset as usize, &bytes[..left]);
-                b.sbuf.write(0, &bytes[left..]);
-                sgl[0] = ibv_sge {
-                    addr: base + u64::from(self.ssgl_offset),
-                    length: left as u32,
-                    lkey,
-                };
-                sgl[1] = ibv_sge {
-                    addr: base,
-                    length: (IOMAP_LEN - left) as u32,
-                    lkey,
-                };
-                self.ssgl_offset = (IOMAP_LEN - left) as u32;
-                n = 2;
-            }
-        }
+        let (mut sgl, n, inline) = self.stage(&bytes)?;
         self.iomaps[i].sent = true;
         let rkey_remote = self.remote_iomap.key;
         self.post_write(&mut sgl[..n], m, Some(m), inline, slot, rkey_remote)
@@ -1202,61 +1169,11 @@ impl Stream {
         rkey: u32,
         olen: &mut u32,
     ) -> Result<usize, c_int> {
-        let left = data.len() as u64;
-        let mut xfer = if u64::from(*olen) < left {
-            let x = *olen;
-            if *olen < MAX_TRANSFER {
-                *olen <<= 1;
-            }
-            x
-        } else {
-            left as u32
-        };
-        xfer = xfer.min(self.sbuf_bytes_avail);
-        let chunk = &data[..xfer as usize];
-        let Some(b) = &self.bufs else {
-            return Err(libc::ENOTCONN);
-        };
-        let (lkey, base) = (b.sbuf.lkey(), b.sbuf.addr(0));
-        let mut sgl = [ibv_sge::default(); 2];
-        let (n, inline) = if xfer <= u32::from(self.sq_inline) {
-            sgl[0] = ibv_sge {
-                addr: chunk.as_ptr() as u64,
-                length: xfer,
-                lkey: 0,
-            };
-            (1, true)
-        } else if xfer <= self.sbuf_left() {
-            b.sbuf.write(self.ssgl_offset as usize, chunk);
-            sgl[0] = ibv_sge {
-                addr: base + u64::from(self.ssgl_offset),
-                length: xfer,
-                lkey,
-            };
-            self.ssgl_offset = if xfer < self.sbuf_left() {
-                self.ssgl_offset + xfer
-            } else {
-                0
-            };
-            (1, false)
-        } else {
-            let first = self.sbuf_left();
-            b.sbuf
-                .write(self.ssgl_offset as usize, &chunk[..first as usize]);
-            b.sbuf.write(0, &chunk[first as usize..]);
-            sgl[0] = ibv_sge {
-                addr: base + u64::from(self.ssgl_offset),
-                length: first,
-                lkey,
-            };
-            sgl[1] = ibv_sge {
-                addr: base,
-                length: xfer - first,
-                lkey,
-            };
-            self.ssgl_offset = xfer - first;
-            (2, false)
-        };
+        let xfer = Self::ramp(olen, data.len()).min(self.sbuf_bytes_avail);
+        if xfer == 0 {
+            return Ok(0);
+        }
+        let (mut sgl, n, inline) = self.stage(&data[..xfer as usize])?;
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= xfer;
         self.post_write(&mut sgl[..n], msg(OP_WRITE, xfer), None, inline, addr, rkey)?;
