@@ -521,11 +521,13 @@ rcopy_from_guest() {
   gexec 0 "head -c 4194304 /dev/urandom > /tmp/rcopy.src" 30 >/dev/null
   local want; want=$(gexec 0 "sha256sum < /tmp/rcopy.src" 30 | cut -d' ' -f1)
   rm -f "$OUT/rcopy.dst"
-  (cd "$OUT" && timeout 120 $CM rcopy -p 7471 > "$OUT/rc_s.out" 2>&1) &
+  # The server serves forever: it is stopped here, and must be (a ferroce process left running
+  # holds host slot 0, port 4791, which the guests' kernels send to).
+  timeout 120 $CM rcopy -p 7471 > "$OUT/rc_s.out" 2>&1 &
   local p=$!
   wait_listen 7471
   gexec 0 "timeout 120 rcopy /tmp/rcopy.src $H:$OUT/rcopy.dst -p 7471" 150 > "$OUT/rc_s.rxe"; local rc=$?
-  sleep 1; kill $p 2>/dev/null; wait $p 2>/dev/null
+  sleep 1; kill $p 2>/dev/null; wait $p 2>/dev/null; pkill -f 'rcopy -p 7471'; true
   local got; got=$(sha256sum < "$OUT/rcopy.dst" 2>/dev/null | cut -d' ' -f1)
   echo "--- rxe (exit $rc):"; cat "$OUT/rc_s.rxe"; echo "--- ferroce:"; cat "$OUT/rc_s.out"; echo "guest sent $want, host has $got"
   [ $rc -eq 0 ] && [ -n "$want" ] && [ "$want" = "$got" ]
