@@ -375,7 +375,7 @@ struct Resend {
 const TLP_MIN: Duration = Duration::from_micros(200);
 
 /// How many retired scatter/gather lists a requester keeps for reuse.
-const SPARE_SGLS: usize = 16;
+pub(crate) const SPARE_SGLS: usize = 16;
 
 impl Requester {
     pub fn start(&mut self, sq_psn: Psn, p: &Params) {

@@ -31,7 +31,7 @@ use ferroce_wire::{ExtHeaders, Opcode, Psn};
 use crate::completion::WcStatus;
 use crate::emit;
 use crate::qp::{CompletionQueue, Ctx, Params};
-use crate::requester::{completion, gather, packets_for};
+use crate::requester::{completion, gather, packets_for, SPARE_SGLS};
 use crate::wr::{SendOp, SendWr};
 
 /// A send request under way: the packets of it already sent.
@@ -50,7 +50,8 @@ struct UcWqe {
 pub(crate) struct UcSender {
     sq: VecDeque<UcWqe>,
     next_psn: Psn,
-    /// Retired requests whose allocations a later post may reuse.
+    /// Retired requests whose allocations a later post may reuse (at most `SPARE_SGLS`, as
+    /// the RC requester keeps: requests posted by value retire too, and must not pile up).
     spare: Vec<SendWr>,
 }
 
@@ -161,7 +162,9 @@ impl UcSender {
                     if matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm(_)) {
                         ctx.counters.rdma_sends += 1;
                     }
-                    self.spare.push(w.wr);
+                    if self.spare.len() < SPARE_SGLS {
+                        self.spare.push(w.wr);
+                    }
                 }
                 Some(n)
             }
@@ -193,5 +196,67 @@ fn uc_opcode(op: SendOp, position: Position) -> Opcode {
         (false, Last, true) => Opcode::UC_SEND_LAST_WITH_IMMEDIATE,
         (false, Only, false) => Opcode::UC_SEND_ONLY,
         (false, Only, true) => Opcode::UC_SEND_ONLY_WITH_IMMEDIATE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{Access, Sge, VecMemory};
+    use crate::qp::Params;
+    use crate::wr::SendWr;
+
+    /// Requests posted by value retire into the spare pool too; it stays bounded however many
+    /// go through.
+    #[test]
+    fn the_spare_pool_stays_bounded() {
+        let mut mem = VecMemory::new();
+        let r = mem.register(1, 0x1000, 4096, Access::ALL.with(Access::LOCAL_WRITE));
+        let lkey = mem.region(r).lkey;
+        let p = Params {
+            qpn: 0x21,
+            pd: 1,
+            access: Access::NONE,
+            pkey: ferroce_wire::bth::DEFAULT_PKEY,
+            mtu: 1024,
+            dest_qpn: 0x22,
+            dest_gid: std::net::Ipv6Addr::LOCALHOST,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            unasked_run: 0,
+            cc: crate::cc::CcConfig::default(),
+            selective_repeat: false,
+            service: crate::attr::Service::Uc,
+        };
+        let mut counters = crate::counters::Counters::default();
+        let mut s = UcSender::default();
+        let mut cq = CompletionQueue::new();
+        let mut buf = vec![0u8; 4096 + 64];
+        for i in 0..200 {
+            let sge = Sge {
+                addr: 0x1000,
+                length: 64,
+                lkey,
+            };
+            s.push(SendWr::new(i, SendOp::Send, vec![sge]), 1024);
+            let mut ctx = Ctx {
+                p: &p,
+                state: crate::qp::QpState::Rts,
+                counters: &mut counters,
+                mem: &mut mem,
+                fatal: false,
+            };
+            assert!(s.poll_transmit(&mut ctx, &mut buf, &mut cq).is_some());
+        }
+        assert_eq!(cq.len(), 200);
+        assert!(
+            s.spare.len() <= SPARE_SGLS,
+            "{} spare requests",
+            s.spare.len()
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::MutexGuard;
 
-use super::stream::{IomapMr, Stream, OLAP_START_SIZE, ST_WRITABLE};
+use super::stream::{IomapMr, Stream, OLAP_START_SIZE};
 use super::*;
 
 /// Announces the mappings not yet sent (waiting for room to send unless non-blocking).
@@ -14,16 +14,10 @@ pub(super) fn send_pending<'a>(
     flags: c_int,
 ) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
     while let Some(i) = g.iomaps.iter().position(|m| m.index.is_some() && !m.sent) {
-        if !g.can_send() {
-            let nb = nonblocking(&g, flags);
-            let (ng, r) = wait(sock, g, nb, conn_can_send);
-            g = ng;
-            if let Err(e) = r {
-                return (g, Err(e));
-            }
-            if g.state & ST_WRITABLE == 0 {
-                return (g, Err(libc::ECONNRESET));
-            }
+        let (ng, r) = wait_writable(sock, g, flags);
+        g = ng;
+        if let Err(e) = r {
+            return (g, Err(e));
         }
         if let Err(e) = g.send_iomap(i) {
             return (g, Err(e));
@@ -152,18 +146,11 @@ pub(super) unsafe extern "C" fn riowrite(
             }) else {
                 break;
             };
-            if !g.can_send() {
-                let nb = nonblocking(&g, flags);
-                let (ng, r) = wait(&sock, g, nb, conn_can_send);
-                g = ng;
-                if let Err(e) = r {
-                    err = e;
-                    break;
-                }
-                if g.state & ST_WRITABLE == 0 {
-                    err = libc::ECONNRESET;
-                    break;
-                }
+            let (ng, r) = wait_writable(&sock, g, flags);
+            g = ng;
+            if let Err(e) = r {
+                err = e;
+                break;
             }
             let room = base
                 .saturating_add(u64::from(sge.length))

@@ -111,6 +111,24 @@ fn wait<'a>(
     }
 }
 
+/// Waits (unless non-blocking by the socket or `flags`) until the socket may send; a socket
+/// whose sending side closed meanwhile fails with `ECONNRESET`.
+fn wait_writable<'a>(
+    sock: &'a RSocket,
+    g: std::sync::MutexGuard<'a, Stream>,
+    flags: c_int,
+) -> (std::sync::MutexGuard<'a, Stream>, Result<(), c_int>) {
+    if g.can_send() {
+        return (g, Ok(()));
+    }
+    let nb = nonblocking(&g, flags);
+    let (g, r) = wait(sock, g, nb, conn_can_send);
+    if r.is_ok() && g.state & ST_WRITABLE == 0 {
+        return (g, Err(libc::ECONNRESET));
+    }
+    (g, r)
+}
+
 fn nonblocking(s: &Stream, flags: c_int) -> bool {
     s.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0
 }
@@ -479,18 +497,11 @@ fn send_bytes(socket: c_int, data: &[u8], flags: c_int) -> isize {
         return fail(e);
     }
     while sent < data.len() {
-        if !g.can_send() {
-            let nb = nonblocking(&g, flags);
-            let (ng, r) = wait(&sock, g, nb, conn_can_send);
-            g = ng;
-            if let Err(e) = r {
-                err = e;
-                break;
-            }
-            if g.state & ST_WRITABLE == 0 {
-                err = libc::ECONNRESET;
-                break;
-            }
+        let (ng, r) = wait_writable(&sock, g, flags);
+        g = ng;
+        if let Err(e) = r {
+            err = e;
+            break;
         }
         match g.send_some(&data[sent..], &mut olen) {
             Ok(n) => sent += n,
