@@ -1133,6 +1133,128 @@ fn rsockets_rstream_riostream_and_rcopy_between_processes_and_namespace_hosts() 
     }
 }
 
+/// rdma-core's `librspreload.so`, unmodified, carries Debian's unmodified `iperf3` over
+/// rsockets over the drop-in librdmacm: between two namespace hosts (UDP, the CM on the wire),
+/// in both directions, and within one host (shared memory). The preload library falls back to
+/// the kernel's socket wherever an rsocket cannot be made, so TCP is watched (nftables): both
+/// namespaces drop every TCP packet between them, and within the host TCP carries only
+/// ferroce's own rdma_cm exchange (a same-host peer shares the host's RoCE address, so CM
+/// replies on the wire could not find it), a few hundred bytes against iperf3's megabytes.
+#[test]
+fn iperf3_over_librspreload_between_namespace_hosts_and_within_one() {
+    assert!(
+        is_root(),
+        "this test makes network namespaces: run it as root (CI does)"
+    );
+    let preload = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|t| PathBuf::from(format!("/usr/lib/{t}/rsocket/librspreload.so")))
+        .find(|p| p.exists())
+        .expect("rdma-core's librspreload.so (Debian's librdmacm1) is not installed");
+    let hosts = TwoHosts::new();
+    for ns in [NS_A, NS_B] {
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        nft.stdin
+            .take()
+            .unwrap()
+            .write_all(
+                b"table inet ferroce_no_tcp {\n chain in {\n  type filter hook input priority 0; policy accept;\n  iifname \"lo\" meta l4proto tcp counter accept\n  meta l4proto tcp counter drop\n }\n}\n",
+            )
+            .unwrap();
+        assert!(nft.wait().unwrap().success(), "nft in {ns}");
+    }
+    // (client's namespace, iperf3's options, how rdma_cm connects)
+    let cases: &[(&str, &[&str], &str)] = &[
+        (NS_B, &[], "ib"),
+        (NS_B, &["-R"], "ib"),
+        (NS_A, &[], "auto"),
+    ];
+    for (i, &(client_ns, extra, cm)) in cases.iter().enumerate() {
+        let port = (47700 + i).to_string();
+        let run = |ns: &str| {
+            let mut c = hosts.run(ns, "iperf3");
+            c.env("LD_PRELOAD", &preload)
+                .env("FERROCE_RDMA_CM", cm)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c
+        };
+        let mut s = run(NS_A).args(["-s", "-1", "-p", &port]).spawn().unwrap();
+        wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+        let c = run(client_ns)
+            .args(["-c", "10.77.0.1", "-p", &port, "-t", "1", "-f", "m"])
+            .args(extra)
+            .spawn()
+            .unwrap();
+        let c = wait_with_timeout(c, Duration::from_secs(30));
+        let s = wait_with_timeout(
+            s,
+            Duration::from_secs(if c.status.success() { 10 } else { 2 }),
+        );
+        let (st, ct) = (text(&s), text(&c));
+        let what = format!("iperf3 {extra:?} from {client_ns}");
+        assert!(
+            s.status.success() && c.status.success() && ct.contains("iperf Done."),
+            "{what}\nserver:\n{st}\nclient:\n{ct}"
+        );
+        // The client's summary: what the sender sent and the receiver received, in MBytes.
+        let summary = |role: &str| -> f64 {
+            ct.lines()
+                .filter(|l| l.trim_end().ends_with(role))
+                .find_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let at = f.iter().position(|&w| w == "MBytes")?;
+                    f.get(at - 1)?.parse().ok()
+                })
+                .unwrap_or_else(|| panic!("{what}: no {role} summary\n{ct}"))
+        };
+        let (sent, received) = (summary("sender"), summary("receiver"));
+        assert!(
+            received > 1.0 && received <= sent,
+            "{what}: sent {sent} MB, received {received} MB\n{ct}"
+        );
+        assert!(
+            !ct.contains("getsockopt") && !st.contains("getsockopt"),
+            "{what}: an option iperf3 asks for failed\nserver:\n{st}\nclient:\n{ct}"
+        );
+        // TCP between the hosts is dropped; TCP within NS_A (only the last case makes any)
+        // must be a sliver of what iperf3 moved.
+        let rules = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                NS_A,
+                "nft",
+                "list",
+                "table",
+                "inet",
+                "ferroce_no_tcp",
+            ])
+            .output()
+            .unwrap();
+        let rules = String::from_utf8_lossy(&rules.stdout).into_owned();
+        let local_tcp: u64 = rules
+            .lines()
+            .find(|l| l.contains("iifname \"lo\""))
+            .and_then(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.get(f.iter().position(|&w| w == "bytes")? + 1)?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no counter for local TCP\n{rules}"));
+        assert!(
+            (local_tcp as f64) < received * 1e6 / 100.0,
+            "{what}: {local_tcp} bytes of local TCP beside {received} MB through iperf3\n{rules}"
+        );
+    }
+}
+
 /// libfabric's verbs provider over the drop-in libraries: Debian's unmodified `fi_pingpong`
 /// (libfabric 1.17) with MSG endpoints (rdma_cm connections and verbs RC QPs) and RDM
 /// endpoints (libfabric's rxm over MSG), every size from 64 B to 1 MiB, each message checked

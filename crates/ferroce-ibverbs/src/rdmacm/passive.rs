@@ -74,19 +74,27 @@ pub(super) fn listen_on_wire(i: &mut CmId, listen: ListenOf) {
     if wire::mode() == wire::Mode::Tcp || bound.ip().is_loopback() {
         return;
     }
+    // Bound to `::`, the id takes IPv4 requests too, as the kernel's rdma_cm does unless the
+    // program asks for IPv6 only (`RDMA_OPTION_ID_AFONLY`, whose default follows
+    // `net.ipv6.bindv6only`, 0): iperf3's server under `librspreload.so` listens so.
+    let dual_stack = bound.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED);
     let targets: Vec<(Device, IpAddr)> = match i.device {
         Some(dev) => vec![(dev, bound.ip())],
         None => ferroce::devices()
             .unwrap_or_default()
             .iter()
-            .filter_map(|d| {
-                let ip = d
-                    .gids()
-                    .iter()
-                    .map(|g| g.ip)
-                    .find(|ip| ip.is_ipv4() == bound.is_ipv4())?;
-                Some((device_for(ip)?, ip))
+            .flat_map(|d| {
+                let gids: Vec<IpAddr> = d.gids().iter().map(|g| g.ip).collect();
+                let v4 = gids.iter().copied().find(IpAddr::is_ipv4);
+                let v6 = gids.iter().copied().find(IpAddr::is_ipv6);
+                match (bound.is_ipv4(), dual_stack) {
+                    (true, _) => vec![v4],
+                    (false, false) => vec![v6],
+                    (false, true) => vec![v4, v6],
+                }
             })
+            .flatten()
+            .filter_map(|ip| Some((device_for(ip)?, ip)))
             .collect(),
     };
     let service = ferroce::cm::ib::ip::service_id(i.c.ps as u16, bound.port());
@@ -374,6 +382,28 @@ pub(super) unsafe extern "C" fn rdma_get_request(
             unsafe { rdma_ack_cm_event(ev) };
             set_errno(libc::EINVAL);
             return -1;
+        }
+        // The new id's channel is made now, as librdmacm makes it while the program takes the
+        // request (not when the request arrived): its descriptor is then newer than any the
+        // program opened before the call. `librspreload.so` relies on that: it opens its own
+        // descriptor for a socket before `raccept` and maps its `select` sets back by walking
+        // descriptors upwards, so an rsocket numbered below its own descriptor is reported
+        // under the wrong one (and the walk runs off the end of the set).
+        // SAFETY: the request's new id, alive and not yet the program's.
+        if unsafe { id_of(child) }.is_some_and(|c| c.sync) {
+            // SAFETY: as above; NULL moves it to a channel of its own.
+            if unsafe { rdma_migrate_id(child, std::ptr::null_mut()) } != 0 {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                // SAFETY: acknowledged once; the new id, never handed out.
+                unsafe {
+                    rdma_ack_cm_event(ev);
+                    rdma_destroy_id(child);
+                }
+                set_errno(e);
+                return -1;
+            }
         }
         // SAFETY: the request's new id, alive and not yet the program's.
         if let Some(c) = unsafe { id_of(child) } {

@@ -171,7 +171,14 @@ impl CompletionQueue {
         let mut n = self.take(out)?;
         let mut progressed = false;
         if n == 0 && !out.is_empty() {
-            progressed = self.ctx.shared.progress_inline();
+            // A poll of an armed CQ drains it before the thread sleeps on the CQ's channel
+            // (arm, poll until empty, then `poll(2)` or epoll on the descriptor): it must
+            // not keep the engine thread away from the socket meanwhile.
+            progressed = if self.inner.armed.load(Ordering::Relaxed) != UNARMED {
+                self.ctx.shared.progress_inline_before_sleep()
+            } else {
+                self.ctx.shared.progress_inline()
+            };
             n = self.take(out)?;
         }
         if n > 0 {

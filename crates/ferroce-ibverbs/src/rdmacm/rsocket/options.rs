@@ -135,6 +135,11 @@ pub(super) unsafe extern "C" fn rgetsockopt(
             return fail(libc::EFAULT);
         }
         let mut g = sock.lock();
+        if (level, optname) == (libc::IPPROTO_TCP, libc::TCP_INFO) {
+            // SAFETY: the program's buffer, `*optlen` bytes.
+            unsafe { write_tcp_info(&g, optval, optlen) };
+            return 0;
+        }
         let v: c_int = match (level, optname) {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
                 flag(g.so_opts, optname)
@@ -160,7 +165,7 @@ pub(super) unsafe extern "C" fn rgetsockopt(
             (libc::IPPROTO_TCP, libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL) => 1,
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => g.keepalive_time as c_int,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => flag(g.tcp_opts, optname),
-            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => 2048,
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => TCP_INFO_MSS as c_int,
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => flag(g.ipv6_opts, optname),
             (SOL_RDMA, RDMA_SQSIZE) => c_int::from(g.sq_size),
             (SOL_RDMA, RDMA_RQSIZE) => c_int::from(g.rq_size),
@@ -180,6 +185,48 @@ pub(super) unsafe extern "C" fn rgetsockopt(
         0
     })
 }
+
+/// `TCP_INFO`, as the kernel answers it (the first `*optlen` bytes of a `struct tcp_info`, and
+/// `*optlen` set to what was written): the connection's state and segment size; the counters
+/// of TCP's own machinery (round-trip time, window, retransmissions) are 0, as nothing here
+/// measures them. Programs such as iperf3 ask for it every interval and report an error each
+/// time it fails (librdmacm fails it).
+///
+/// # Safety
+/// `optval` points to `*optlen` writable bytes.
+unsafe fn write_tcp_info(g: &Stream, optval: *mut c_void, optlen: *mut libc::socklen_t) {
+    // SAFETY: a plain C struct of integers, for which all-zero is a value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    // The kernel's TCP states (`include/net/tcp_states.h`).
+    const TCP_ESTABLISHED: u8 = 1;
+    const TCP_CLOSE: u8 = 7;
+    const TCP_LISTEN: u8 = 10;
+    const TCP_SYN_SENT: u8 = 2;
+    info.tcpi_state = if g.state & ST_CONNECTED != 0 {
+        TCP_ESTABLISHED
+    } else if g.state == ST_LISTENING {
+        TCP_LISTEN
+    } else if g.state & ST_OPENING != 0 {
+        TCP_SYN_SENT
+    } else {
+        TCP_CLOSE
+    };
+    info.tcpi_snd_mss = TCP_INFO_MSS;
+    info.tcpi_rcv_mss = TCP_INFO_MSS;
+    // SAFETY: the caller's contract; at most the struct's size is copied.
+    unsafe {
+        let n = (*optlen as usize).min(std::mem::size_of::<libc::tcp_info>());
+        std::ptr::copy_nonoverlapping(
+            (&info as *const libc::tcp_info).cast::<u8>(),
+            optval.cast::<u8>(),
+            n,
+        );
+        *optlen = n as libc::socklen_t;
+    }
+}
+
+/// The segment size `TCP_MAXSEG` and `TCP_INFO` report.
+const TCP_INFO_MSS: u32 = 2048;
 
 /// `rfcntl(socket, cmd, ...)`: `F_GETFL`, and `F_SETFL` (its `O_NONBLOCK`).
 ///
