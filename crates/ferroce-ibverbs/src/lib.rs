@@ -150,13 +150,22 @@ pub(crate) unsafe fn destroy_boxed<T, C>(ptr: *mut C) -> libc::c_int {
     })
 }
 
-/// Runs an entry point's body, turning a panic into `on_panic` with `errno` EFAULT: unwinding
-/// into C is undefined behaviour, and aborting the program would be a crash.
+/// An entry point's failure raised from deep inside it (with `std::panic::resume_unwind`,
+/// which prints nothing): [`guard`] returns its `on_panic` value with this `errno`.
+pub(crate) struct ErrnoUnwind(pub(crate) i32);
+
+/// Runs an entry point's body, turning a panic into `on_panic` with `errno` EFAULT (or an
+/// [`ErrnoUnwind`]'s errno): unwinding into C is undefined behaviour, and aborting the program
+/// would be a crash.
 pub(crate) fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,
-        Err(_) => {
-            set_errno(libc::EFAULT);
+        Err(payload) => {
+            set_errno(
+                payload
+                    .downcast_ref::<ErrnoUnwind>()
+                    .map_or(libc::EFAULT, |e| e.0),
+            );
             on_panic
         }
     }

@@ -1,6 +1,7 @@
 //! Operating-system pieces every layer uses and std does not offer: an eventfd (the doorbell
-//! of an engine, the wake-up of a completion channel), `ppoll(2)` on a few descriptors, and a
-//! thread's timer slack. Each `unsafe` block says why it is sound.
+//! of an engine, the wake-up of a completion channel), `ppoll(2)` on a few descriptors, a
+//! thread's timer slack, and the signal mask of ferroce's own threads. Each `unsafe` block says
+//! why it is sound.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -152,5 +153,31 @@ mod tests {
         e.notify();
         assert!(wait_readable(&[e.fd()], None).unwrap());
         assert!(wait_readable(&[e.fd()], Some(Duration::ZERO)).unwrap());
+    }
+}
+
+/// Blocks every asynchronous signal on the calling thread (ferroce's own threads call it first
+/// thing), so a signal sent to the process reaches one of the application's threads, whose
+/// handlers expect to run there: iperf3's SIGTERM handler `siglongjmp`s to its main loop, which
+/// from an engine thread would leave that thread running the application. Faults (SIGSEGV,
+/// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay deliverable: they belong to the thread that
+/// caused them.
+pub fn block_async_signals() {
+    // SAFETY: a local sigset_t initialized by sigfillset before use; pthread_sigmask changes
+    // only the calling thread's mask and reads the set we pass.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }

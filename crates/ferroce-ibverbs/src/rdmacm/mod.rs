@@ -119,6 +119,7 @@ mod tests {
             // SAFETY: writes 8 bytes from a local to the channel's eventfd.
             unsafe { libc::write(queue.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
             std::thread::spawn(move || {
+                ferroce::block_async_signals();
                 let mut ev = std::ptr::null_mut();
                 // SAFETY: the channel is live when the call starts: it is destroyed only
                 // once this call took the count, after it entered.

@@ -25,6 +25,7 @@ pub(super) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
         };
         listen_on_wire(i, listen);
         std::thread::spawn(move || {
+            ferroce::block_async_signals();
             for conn in listener.incoming() {
                 if !shared.alive.load(Ordering::Acquire) {
                     return;
@@ -287,6 +288,7 @@ pub(super) unsafe extern "C" fn rdma_accept(
         let shared = i.shared.clone();
         let id_addr = id as usize;
         std::thread::spawn(move || {
+            ferroce::block_async_signals();
             let kind = match Message::read(&mut s) {
                 Ok(Message::ReadyToUse) => RDMA_CM_EVENT_ESTABLISHED,
                 Ok(Message::Reject { .. }) => RDMA_CM_EVENT_REJECTED,

@@ -535,7 +535,10 @@ impl Context {
         let for_thread = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("ferroce-engine-{}", local.port()))
-            .spawn(move || engine::run(for_thread))
+            .spawn(move || {
+                crate::os::block_async_signals();
+                engine::run(for_thread)
+            })
             .map_err(|e| Error::io("starting the engine thread", e))?;
         Ok(Context {
             inner: Arc::new(ContextInner {

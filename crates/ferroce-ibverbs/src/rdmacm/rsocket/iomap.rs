@@ -2,17 +2,15 @@
 //! peer's iomap table), `riowrite` writes into a buffer the peer mapped, `riounmap` ends a
 //! mapping.
 
-use std::sync::MutexGuard;
-
-use super::stream::{IomapMr, Stream, OLAP_START_SIZE};
+use super::stream::{IomapMr, OLAP_START_SIZE};
 use super::*;
 
 /// Announces the mappings not yet sent (waiting for room to send unless non-blocking).
 pub(super) fn send_pending<'a>(
     sock: &'a RSocket,
-    mut g: MutexGuard<'a, Stream>,
+    mut g: Held<'a>,
     flags: c_int,
-) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
+) -> (Held<'a>, Result<(), c_int>) {
     while let Some(i) = g.iomaps.iter().position(|m| m.index.is_some() && !m.sent) {
         let (ng, r) = wait_writable(sock, g, flags);
         g = ng;

@@ -48,9 +48,55 @@ fn insert(s: Stream) -> c_int {
     fd
 }
 
+thread_local! {
+    /// The sockets whose lock this thread holds (see [`RSocket::lock`]).
+    static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A socket's lock, held by this thread (and recorded as held until dropped).
+struct Held<'a> {
+    g: std::sync::MutexGuard<'a, Stream>,
+    key: usize,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Stream {
+        &mut self.g
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(at) = h.iter().rposition(|&k| k == self.key) {
+                h.swap_remove(at);
+            }
+        });
+    }
+}
+
 impl RSocket {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Stream> {
-        self.s.lock().unwrap_or_else(|e| e.into_inner())
+    /// The socket's lock. A thread that holds it already cannot take it again: that happens
+    /// when a signal handler calls in while the thread is inside this library, or after one
+    /// jumped out of a call (`siglongjmp`, as iperf3's SIGTERM handler does) and left the lock
+    /// held for good. The call then fails with `EDEADLK` instead of waiting forever (a process
+    /// that then would not even end on SIGTERM).
+    fn lock(&self) -> Held<'_> {
+        let key = self as *const RSocket as usize;
+        if HELD.with(|h| h.borrow().contains(&key)) {
+            std::panic::resume_unwind(Box::new(crate::ErrnoUnwind(libc::EDEADLK)));
+        }
+        let g = self.s.lock().unwrap_or_else(|e| e.into_inner());
+        HELD.with(|h| h.borrow_mut().push(key));
+        Held { g, key }
     }
 }
 
@@ -64,10 +110,10 @@ fn fail<T: From<i8>>(e: c_int) -> T {
 /// `EWOULDBLOCK` if `nonblock` and it does not hold now. The lock is let go while waiting.
 fn wait<'a>(
     sock: &'a RSocket,
-    mut g: std::sync::MutexGuard<'a, Stream>,
+    mut g: Held<'a>,
     nonblock: bool,
     test: fn(&Stream) -> bool,
-) -> (std::sync::MutexGuard<'a, Stream>, Result<(), c_int>) {
+) -> (Held<'a>, Result<(), c_int>) {
     loop {
         g.update_credits();
         let polled = g.poll_cq();
@@ -115,9 +161,9 @@ fn wait<'a>(
 /// whose sending side closed meanwhile fails with `ECONNRESET`.
 fn wait_writable<'a>(
     sock: &'a RSocket,
-    g: std::sync::MutexGuard<'a, Stream>,
+    g: Held<'a>,
     flags: c_int,
-) -> (std::sync::MutexGuard<'a, Stream>, Result<(), c_int>) {
+) -> (Held<'a>, Result<(), c_int>) {
     if g.can_send() {
         return (g, Ok(()));
     }

@@ -118,7 +118,10 @@ impl CmAgent {
         let run = inner.clone();
         let thread = std::thread::Builder::new()
             .name("ferroce-cm".into())
-            .spawn(move || run.run())?;
+            .spawn(move || {
+                crate::os::block_async_signals();
+                run.run()
+            })?;
         Ok(CmAgent {
             inner,
             thread: Some(thread),
