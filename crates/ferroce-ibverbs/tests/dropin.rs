@@ -1253,6 +1253,42 @@ fn iperf3_over_librspreload_between_namespace_hosts_and_within_one() {
             "{what}: {local_tcp} bytes of local TCP beside {received} MB through iperf3\n{rules}"
         );
     }
+    // SIGTERM in the middle of a transfer: iperf3's handler jumps out of whatever call it
+    // interrupted (siglongjmp), then reports over its sockets and exits. Both ends must end:
+    // the client (a library lock left held by the jump once hung it for good, past SIGTERM),
+    // and the server, which hears of it by the client's message or, if that was lost with the
+    // process, by the DREQs the client's exit sends (it only receives: nothing else would
+    // tell it).
+    let port = "47710";
+    let run = |ns: &str| {
+        let mut c = hosts.run(ns, "iperf3");
+        c.env("LD_PRELOAD", &preload)
+            .env("FERROCE_RDMA_CM", "ib")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut s = run(NS_A).args(["-s", "-1", "-p", port]).spawn().unwrap();
+    wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+    let c = run(NS_B)
+        .args(["-c", "10.77.0.1", "-p", port, "-t", "30", "-f", "m"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child's pid (`ip netns exec` execs iperf3 in place).
+    assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+    let started = Instant::now();
+    let c = wait_with_timeout(c, Duration::from_secs(10));
+    let s = wait_with_timeout(s, Duration::from_secs(10));
+    let (ct, st) = (text(&c), text(&s));
+    assert!(
+        started.elapsed() < Duration::from_secs(10)
+            && ct.contains("interrupt - the client has terminated")
+            && (st.contains("the client has terminated")
+                || st.contains("the client has unexpectedly closed the connection")),
+        "iperf3 after SIGTERM ({:?})\nclient:\n{ct}\nserver:\n{st}",
+        started.elapsed()
+    );
 }
 
 /// libfabric's verbs provider over the drop-in libraries: Debian's unmodified `fi_pingpong`

@@ -130,6 +130,32 @@ pub(crate) fn set_timer_slack(slack: Duration) -> bool {
     }
 }
 
+/// Blocks every asynchronous signal on the calling thread (ferroce's own threads call it first
+/// thing), so a signal sent to the process reaches one of the application's threads, whose
+/// handlers expect to run there: iperf3's SIGTERM handler `siglongjmp`s to its main loop, which
+/// from an engine thread would leave that thread running the application. Faults (SIGSEGV,
+/// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay deliverable: they belong to the thread that
+/// caused them.
+pub fn block_async_signals() {
+    // SAFETY: a local sigset_t initialized by sigfillset before use; pthread_sigmask changes
+    // only the calling thread's mask and reads the set we pass.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,30 +180,24 @@ mod tests {
         assert!(wait_readable(&[e.fd()], None).unwrap());
         assert!(wait_readable(&[e.fd()], Some(Duration::ZERO)).unwrap());
     }
-}
 
-/// Blocks every asynchronous signal on the calling thread (ferroce's own threads call it first
-/// thing), so a signal sent to the process reaches one of the application's threads, whose
-/// handlers expect to run there: iperf3's SIGTERM handler `siglongjmp`s to its main loop, which
-/// from an engine thread would leave that thread running the application. Faults (SIGSEGV,
-/// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay deliverable: they belong to the thread that
-/// caused them.
-pub fn block_async_signals() {
-    // SAFETY: a local sigset_t initialized by sigfillset before use; pthread_sigmask changes
-    // only the calling thread's mask and reads the set we pass.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        for sig in [
-            libc::SIGSEGV,
-            libc::SIGBUS,
-            libc::SIGFPE,
-            libc::SIGILL,
-            libc::SIGTRAP,
-            libc::SIGSYS,
-        ] {
-            libc::sigdelset(&mut set, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    #[test]
+    fn ferroce_threads_block_asynchronous_signals_and_keep_faults() {
+        let (term, int, segv) = std::thread::spawn(|| {
+            super::block_async_signals();
+            // SAFETY: reads the calling thread's mask into a local set.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set);
+                (
+                    libc::sigismember(&set, libc::SIGTERM),
+                    libc::sigismember(&set, libc::SIGINT),
+                    libc::sigismember(&set, libc::SIGSEGV),
+                )
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!((term, int, segv), (1, 1, 0));
     }
 }

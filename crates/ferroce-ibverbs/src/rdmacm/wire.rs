@@ -164,6 +164,30 @@ struct SidrWaiting {
 /// One manager per context (and so per device: contexts are opened once per device).
 static MANAGERS: Mutex<Vec<(usize, &'static WireCm)>> = Mutex::new(Vec::new());
 
+/// At exit, every connection still up is disconnected (a DREQ each), as the kernel's rdma_cm
+/// does when a process's last descriptor closes: a peer that only receives would otherwise
+/// never learn that this process is gone. Locks held by a thread the exit interrupted are not
+/// waited for (their connections are left to the peer's own timeouts).
+extern "C" fn disconnect_all_at_exit() {
+    let Ok(all) = MANAGERS.try_lock() else { return };
+    let mut sent = false;
+    for (_, cm) in all.iter() {
+        let conns: Vec<ConnId> = match cm.routes.try_lock() {
+            Ok(routes) => routes.keys().copied().collect(),
+            Err(_) => continue,
+        };
+        for conn in conns {
+            cm.disconnect(conn);
+            sent = true;
+        }
+    }
+    if sent {
+        // The DREQs were posted; an engine thread busy at that moment sends them on its
+        // next pass, which this short wait leaves it.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The manager of `dev` (whose RoCE address is `ip`), started on first use; `None` when QP1
 /// cannot be had (a context of another library, or none).
 pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
@@ -172,6 +196,11 @@ pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
         return Some(m);
     }
     let port = CGsi::open(dev.ctx)?;
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a function with C's ABI that takes nothing, once.
+        unsafe { libc::atexit(disconnect_all_at_exit) };
+    });
     let gid = ip::gid_of(ip);
     // A CA GUID of this address: stable, and distinct between hosts, which the kernel's CM
     // uses (with the QPN) to tell connections apart.

@@ -117,6 +117,9 @@ fn wait<'a>(
     loop {
         g.update_credits();
         let polled = g.poll_cq();
+        if !test(&g) {
+            g.take_cm_event();
+        }
         if test(&g) {
             g.update_credits();
             return (g, Ok(()));
@@ -139,15 +142,17 @@ fn wait<'a>(
         if !g.cq_armed {
             continue;
         }
+        // The id's channel too, while connected: the peer's DREQ comes there.
+        let id_fd = (g.state & ST_CONNECTED != 0 && fd != g.id_fd()).then(|| g.id_fd());
         drop(g);
-        let mut p = libc::pollfd {
+        let mut p = [fd, id_fd.unwrap_or(-1)].map(|fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one pollfd. Bounded: another thread of the socket may take the event this
-        // one waits for.
-        unsafe { libc::poll(&mut p, 1, 10) };
+        });
+        // SAFETY: two pollfds (a negative descriptor is skipped). Bounded: another thread of
+        // the socket may take the event this one waits for.
+        unsafe { libc::poll(p.as_mut_ptr(), 2, 10) };
         g = sock.lock();
         if g.cm_id.is_null() {
             // Closed by another thread meanwhile.

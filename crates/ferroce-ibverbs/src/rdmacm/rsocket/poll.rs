@@ -30,6 +30,7 @@ fn rsocket_events(sock: &RSocket, want: i16, armed_for_wait: bool) -> i16 {
     if g.state & (ST_CONNECTED | ST_ERROR) != 0 || g.state == ST_DISCONNECTED {
         g.update_credits();
         let _ = g.poll_cq();
+        g.take_cm_event();
         g.update_credits();
         let mut r = 0;
         if want & libc::POLLIN != 0 && (g.have_rdata() || g.state & ST_READABLE == 0) {
@@ -67,8 +68,9 @@ fn rsocket_events(sock: &RSocket, want: i16, armed_for_wait: bool) -> i16 {
     0
 }
 
-/// Arms an rsocket for the wait; `Some(fd)` to wait on, or `None` if it became ready.
-fn arm_rsocket(sock: &RSocket, want: i16) -> Option<c_int> {
+/// Arms an rsocket for the wait; the descriptors to wait on (the second, the id's channel
+/// while connected, where the peer's DREQ comes; else -1), or `None` if it became ready.
+fn arm_rsocket(sock: &RSocket, want: i16) -> Option<[c_int; 2]> {
     {
         let mut g = sock.lock();
         if !g.channel.is_null() && g.state & ST_CONNECTED != 0 && !g.cq_armed {
@@ -78,7 +80,14 @@ fn arm_rsocket(sock: &RSocket, want: i16) -> Option<c_int> {
     if rsocket_events(sock, want, true) != 0 {
         return None;
     }
-    Some(sock.lock().wait_fd())
+    let g = sock.lock();
+    let fd = g.wait_fd();
+    let id_fd = if g.state & ST_CONNECTED != 0 && fd != g.id_fd() {
+        g.id_fd()
+    } else {
+        -1
+    };
+    Some([fd, id_fd])
 }
 
 /// `rpoll`.
@@ -118,26 +127,24 @@ pub(super) unsafe extern "C" fn rpoll(
             let mut waits = Vec::with_capacity(fds.len());
             let mut became_ready = false;
             for f in fds.iter() {
-                let fd = match lookup(f.fd) {
+                match lookup(f.fd) {
                     Some(sock) => match arm_rsocket(&sock, f.events) {
-                        Some(fd) => fd,
+                        Some(two) => waits.extend(two.map(|fd| libc::pollfd {
+                            fd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        })),
                         None => {
                             became_ready = true;
                             break;
                         }
                     },
-                    None => f.fd,
-                };
-                let events = if lookup(f.fd).is_some() {
-                    libc::POLLIN
-                } else {
-                    f.events
-                };
-                waits.push(libc::pollfd {
-                    fd,
-                    events,
-                    revents: 0,
-                });
+                    None => waits.push(libc::pollfd {
+                        fd: f.fd,
+                        events: f.events,
+                        revents: 0,
+                    }),
+                }
             }
             if became_ready {
                 continue;

@@ -909,6 +909,46 @@ impl Stream {
         }
     }
 
+    /// The id's own channel descriptor (its CM events).
+    pub(super) fn id_fd(&self) -> c_int {
+        // SAFETY: our live id's channel.
+        unsafe { (*(*self.cm_id).channel).fd }
+    }
+
+    /// Takes a CM event that came while connected, never waiting: the peer's DREQ (its process
+    /// ended, or it disconnected without the protocol's disconnect message) ends the
+    /// connection as that message would, so a socket that only receives learns of it (its
+    /// queued data is still read first). The CQ alone never says so: nothing flushes this
+    /// side's receives.
+    pub(super) fn take_cm_event(&mut self) {
+        if self.state & ST_CONNECTED == 0 || self.cm_id.is_null() {
+            return;
+        }
+        let mut p = libc::pollfd {
+            fd: self.id_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, not waiting.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
+            return;
+        }
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: the id's own channel, readable: an event is queued, so this does not wait.
+        if unsafe { rdma_get_cm_event((*self.cm_id).channel, &mut ev) } != 0 {
+            return;
+        }
+        // SAFETY: the event just handed out, acknowledged once.
+        let kind = unsafe { (*ev).event };
+        unsafe { rdma_ack_cm_event(ev) };
+        if matches!(
+            kind,
+            RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_DEVICE_REMOVAL | RDMA_CM_EVENT_TIMEWAIT_EXIT
+        ) {
+            self.state = ST_DISCONNECTED;
+        }
+    }
+
     /// The descriptor a wait polls: the CQ's channel once connected, else the id's.
     pub(super) fn wait_fd(&self) -> c_int {
         if !self.channel.is_null() && self.state & (ST_CONNECTED | ST_DISCONNECTED | ST_ERROR) != 0
