@@ -191,6 +191,10 @@ pub(super) fn release_sync_event(i: &mut CmId) {
 }
 
 /// `rdma_create_id`: an id for RC connections (`RDMA_PS_TCP`) reporting on `channel`.
+// partly(rdma_create_id): the port spaces `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, SIDR);
+// `RDMA_PS_IB` and `RDMA_PS_IPOIB` fail with `EOPNOTSUPP`, and with them UC QPs over rdma_cm
+// (which only `RDMA_PS_IB` carries: the REQ's transport type); UC QPs connected by the program
+// itself work.
 #[no_mangle]
 pub(super) unsafe extern "C" fn rdma_create_id(
     channel: *mut rdma_event_channel,

@@ -338,6 +338,9 @@ fn connected(s: &mut Stream) -> Result<(), c_int> {
 }
 
 /// `rsocket`: a stream socket (`AF_INET`/`AF_INET6`, `SOCK_STREAM`, TCP or 0).
+// partly(rsocket): `SOCK_DGRAM` (librdmacm's datagram rsockets: UD QPs, its own header and a
+// UDP side channel; rdma-core's `udpong`) fails with `EOPNOTSUPP`, which `librspreload.so`
+// takes as "use the kernel's socket"; stream sockets are whole.
 #[no_mangle]
 pub(super) extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
     guard(-1, || {
