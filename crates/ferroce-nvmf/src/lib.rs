@@ -8,9 +8,11 @@
 //!   the capsule), the 16-byte completion entry ([`completion`]) and its status codes; the
 //!   Fabrics commands (Connect, Property Get/Set: [`fabrics`]); the private data rdma_cm
 //!   carries when a queue connects ([`cm`]);
-//! - (next) the controller: properties, Identify, features, keep-alive, namespaces over a
-//!   file, a block device or memory; then the queues over ferroce's verbs and rdma_cm, the
-//!   `ferroce nvmf-target` and `ferroce nvmf-perf` commands.
+//! - the controller's parts: its registers ([`properties`]), Identify ([`identify`]), the
+//!   I/O commands ([`io`]) on namespaces over a file, a block device or memory
+//!   ([`namespace`]);
+//! - (next) admin commands, controllers and keep-alive; the queues over ferroce's verbs and
+//!   rdma_cm; the `ferroce nvmf-target` and `ferroce nvmf-perf` commands.
 //!
 //! Everything read from the wire is checked before use: a malformed capsule or descriptor is
 //! an error value (which the controller answers with the status the specification names),
@@ -21,6 +23,10 @@ pub mod cm;
 pub mod command;
 pub mod completion;
 pub mod fabrics;
+pub mod identify;
+pub mod io;
+pub mod namespace;
+pub mod properties;
 pub mod sgl;
 
 /// What a byte string from the wire failed to be.
