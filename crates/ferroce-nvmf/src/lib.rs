@@ -11,8 +11,10 @@
 //! - the controller's parts: its registers ([`properties`]), Identify ([`identify`]), the
 //!   I/O commands ([`io`]) on namespaces over a file, a block device or memory
 //!   ([`namespace`]);
-//! - (next) admin commands, controllers and keep-alive; the queues over ferroce's verbs and
-//!   rdma_cm; the `ferroce nvmf-target` and `ferroce nvmf-perf` commands.
+//! - a target's controllers ([`target`]): Connect, admin commands, keep-alive, the discovery
+//!   controller and its log ([`discovery`]);
+//! - (next) the queues over ferroce's verbs and rdma_cm; the `ferroce nvmf-target` and
+//!   `ferroce nvmf-perf` commands.
 //!
 //! Everything read from the wire is checked before use: a malformed capsule or descriptor is
 //! an error value (which the controller answers with the status the specification names),
@@ -22,12 +24,14 @@
 pub mod cm;
 pub mod command;
 pub mod completion;
+pub mod discovery;
 pub mod fabrics;
 pub mod identify;
 pub mod io;
 pub mod namespace;
 pub mod properties;
 pub mod sgl;
+pub mod target;
 
 /// What a byte string from the wire failed to be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
