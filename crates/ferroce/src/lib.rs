@@ -66,7 +66,7 @@ mod spin;
 mod verbs;
 
 pub use error::{Error, Result};
-pub use os::block_async_signals;
+pub use os::spawn_without_signals;
 pub use provider::udp::SENT_IDENTIFICATION_LIMIT;
 pub use provider::{Ecn, Provider};
 pub use verbs::channel::CompletionChannel;

@@ -130,15 +130,10 @@ pub(crate) fn set_timer_slack(slack: Duration) -> bool {
     }
 }
 
-/// Blocks every asynchronous signal on the calling thread (ferroce's own threads call it first
-/// thing), so a signal sent to the process reaches one of the application's threads, whose
-/// handlers expect to run there: iperf3's SIGTERM handler `siglongjmp`s to its main loop, which
-/// from an engine thread would leave that thread running the application. Faults (SIGSEGV,
-/// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay deliverable: they belong to the thread that
-/// caused them.
-pub fn block_async_signals() {
-    // SAFETY: a local sigset_t initialized by sigfillset before use; pthread_sigmask changes
-    // only the calling thread's mask and reads the set we pass.
+/// The set of asynchronous signals: every signal but the faults (SIGSEGV, SIGBUS, SIGFPE,
+/// SIGILL, SIGTRAP, SIGSYS), which belong to the thread that caused them.
+fn async_signals() -> libc::sigset_t {
+    // SAFETY: a local sigset_t, initialized by sigfillset before any other use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut set);
@@ -152,8 +147,32 @@ pub fn block_async_signals() {
         ] {
             libc::sigdelset(&mut set, sig);
         }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
     }
+}
+
+/// Spawns one of ferroce's own threads with every asynchronous signal blocked from its first
+/// instruction, so that a signal sent to the process reaches one of the application's threads,
+/// whose handlers expect to run there (iperf3's SIGTERM handler `siglongjmp`s to its main loop,
+/// which from an engine thread would leave that thread running the application). The mask is
+/// set on the spawning thread around the spawn, which the new thread inherits, and restored.
+pub fn spawn_without_signals<F, T>(
+    builder: std::thread::Builder,
+    f: F,
+) -> io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let set = async_signals();
+    // SAFETY: pthread_sigmask on the calling thread with a set we made, saving the old mask
+    // into a local that is restored below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    let r = builder.spawn(f);
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
 }
 
 #[cfg(test)]
@@ -183,8 +202,7 @@ mod tests {
 
     #[test]
     fn ferroce_threads_block_asynchronous_signals_and_keep_faults() {
-        let (term, int, segv) = std::thread::spawn(|| {
-            super::block_async_signals();
+        let mask = || {
             // SAFETY: reads the calling thread's mask into a local set.
             unsafe {
                 let mut set: libc::sigset_t = std::mem::zeroed();
@@ -195,9 +213,14 @@ mod tests {
                     libc::sigismember(&set, libc::SIGSEGV),
                 )
             }
-        })
-        .join()
-        .unwrap();
-        assert_eq!((term, int, segv), (1, 1, 0));
+        };
+        let before = mask();
+        let inside = super::spawn_without_signals(std::thread::Builder::new(), mask)
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(inside, (1, 1, 0));
+        // The spawning thread's own mask is as it was.
+        assert_eq!(mask(), before);
     }
 }

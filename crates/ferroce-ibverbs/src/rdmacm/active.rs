@@ -61,8 +61,7 @@ pub(super) unsafe extern "C" fn rdma_connect(
         let p = params;
         let shared = i.shared.clone();
         let id_addr = id as usize;
-        std::thread::spawn(move || {
-            ferroce::block_async_signals();
+        spawn_helper(move || {
             let id = id_addr as *mut rdma_cm_id;
             let fail = |kind, status| shared.post(event(id, kind, status));
             // IB CM on the wire: at once, or when no ferroce listener answers over TCP.

@@ -61,6 +61,8 @@ pub(super) struct CmId {
     /// channel of the id's own (`owns_channel`).
     pub(super) sync: bool,
     pub(super) owns_channel: bool,
+    /// `RDMA_OPTION_ID_AFONLY`: bound to `::`, the id takes IPv6 requests only.
+    pub(super) afonly: bool,
     /// For a passive endpoint (`rdma_create_ep`): the PD and QP attributes each request's QP
     /// is made with in `rdma_get_request`.
     pub(super) ep_qp: Option<(usize, ibv_qp_init_attr)>,
@@ -121,6 +123,7 @@ pub(super) fn new_id(
         owns_cqs: false,
         sync: false,
         owns_channel: false,
+        afonly: false,
         ep_qp: None,
         path: Box::default(),
         wire_listens: Vec::new(),
@@ -191,10 +194,10 @@ pub(super) fn release_sync_event(i: &mut CmId) {
 }
 
 /// `rdma_create_id`: an id for RC connections (`RDMA_PS_TCP`) reporting on `channel`.
-// partly(rdma_create_id): the port spaces `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, SIDR);
-// `RDMA_PS_IB` and `RDMA_PS_IPOIB` fail with `EOPNOTSUPP`, and with them UC QPs over rdma_cm
-// (which only `RDMA_PS_IB` carries: the REQ's transport type); UC QPs connected by the program
-// itself work.
+// partly(rdma_create_id): the port spaces `RDMA_PS_IB` and `RDMA_PS_IPOIB` fail with
+// `EOPNOTSUPP` (`RDMA_PS_TCP`, RC, and `RDMA_PS_UDP`, UD with SIDR, are made), and with them
+// UC QPs over rdma_cm, which only `RDMA_PS_IB` carries (the REQ's transport type); UC QPs the
+// program connects itself work.
 #[no_mangle]
 pub(super) unsafe extern "C" fn rdma_create_id(
     channel: *mut rdma_event_channel,
@@ -403,8 +406,8 @@ impl CmId {
     }
 }
 
-/// `rdma_set_option`: the local ACK timeout is honoured, address reuse is what ferroce does
-/// anyway; anything else (TOS, path records) is not supported.
+/// `rdma_set_option`: the local ACK timeout and IPv6-only binding are honoured, address reuse
+/// is what ferroce does anyway; anything else (TOS, path records) is not supported.
 #[no_mangle]
 pub(super) unsafe extern "C" fn rdma_set_option(
     id: *mut rdma_cm_id,
@@ -425,6 +428,13 @@ pub(super) unsafe extern "C" fn rdma_set_option(
             0
         }
         (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) => 0,
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY)
+            if optlen >= std::mem::size_of::<c_int>() && !optval.is_null() =>
+        {
+            // SAFETY: an int, as optlen says (read unaligned: the program's buffer).
+            i.afonly = unsafe { std::ptr::read_unaligned(optval.cast::<c_int>()) } != 0;
+            0
+        }
         _ => {
             set_errno(libc::EOPNOTSUPP);
             -1

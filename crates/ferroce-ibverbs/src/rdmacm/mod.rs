@@ -90,6 +90,17 @@ mod unsupported {
     does_nothing!(rdma_destroy_srq);
 }
 
+/// Starts one of this library's helper threads with the asynchronous signals blocked (see
+/// `ferroce::spawn_without_signals`: a signal for the program must reach the program's own
+/// threads); otherwise as `std::thread::spawn`, which panics when no thread can be made.
+pub(crate) fn spawn_helper<F, T>(f: F) -> std::thread::JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    ferroce::spawn_without_signals(std::thread::Builder::new(), f).expect("spawning a thread")
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Ece, Message};
@@ -118,8 +129,7 @@ mod tests {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a local to the channel's eventfd.
             unsafe { libc::write(queue.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-            std::thread::spawn(move || {
-                ferroce::block_async_signals();
+            super::spawn_helper(move || {
                 let mut ev = std::ptr::null_mut();
                 // SAFETY: the channel is live when the call starts: it is destroyed only
                 // once this call took the count, after it entered.

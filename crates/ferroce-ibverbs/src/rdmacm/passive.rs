@@ -24,8 +24,7 @@ pub(super) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
             sync: i.sync,
         };
         listen_on_wire(i, listen);
-        std::thread::spawn(move || {
-            ferroce::block_async_signals();
+        spawn_helper(move || {
             for conn in listener.incoming() {
                 if !shared.alive.load(Ordering::Acquire) {
                     return;
@@ -76,9 +75,9 @@ pub(super) fn listen_on_wire(i: &mut CmId, listen: ListenOf) {
         return;
     }
     // Bound to `::`, the id takes IPv4 requests too, as the kernel's rdma_cm does unless the
-    // program asks for IPv6 only (`RDMA_OPTION_ID_AFONLY`, whose default follows
+    // program asks for IPv6 only (`RDMA_OPTION_ID_AFONLY`; the kernel's default follows
     // `net.ipv6.bindv6only`, 0): iperf3's server under `librspreload.so` listens so.
-    let dual_stack = bound.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let dual_stack = bound.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) && !i.afonly;
     let targets: Vec<(Device, IpAddr)> = match i.device {
         Some(dev) => vec![(dev, bound.ip())],
         None => ferroce::devices()
@@ -287,8 +286,7 @@ pub(super) unsafe extern "C" fn rdma_accept(
         }
         let shared = i.shared.clone();
         let id_addr = id as usize;
-        std::thread::spawn(move || {
-            ferroce::block_async_signals();
+        spawn_helper(move || {
             let kind = match Message::read(&mut s) {
                 Ok(Message::ReadyToUse) => RDMA_CM_EVENT_ESTABLISHED,
                 Ok(Message::Reject { .. }) => RDMA_CM_EVENT_REJECTED,

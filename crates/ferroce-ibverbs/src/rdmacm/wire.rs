@@ -166,27 +166,43 @@ static MANAGERS: Mutex<Vec<(usize, &'static WireCm)>> = Mutex::new(Vec::new());
 
 /// At exit, every connection still up is disconnected (a DREQ each), as the kernel's rdma_cm
 /// does when a process's last descriptor closes: a peer that only receives would otherwise
-/// never learn that this process is gone. Locks held by a thread the exit interrupted are not
-/// waited for (their connections are left to the peer's own timeouts).
+/// never learn that this process is gone. The engine first gets a moment to send what was
+/// posted (the DREQ would otherwise overtake the last data). Nothing here waits for a lock
+/// another thread holds (the exit may have interrupted it); a child made by `fork` (which has
+/// the parent's table but not its threads, nor its connections to end) does nothing.
 extern "C" fn disconnect_all_at_exit() {
-    let Ok(all) = MANAGERS.try_lock() else { return };
-    let mut sent = false;
-    for (_, cm) in all.iter() {
-        let conns: Vec<ConnId> = match cm.routes.try_lock() {
-            Ok(routes) => routes.keys().copied().collect(),
-            Err(_) => continue,
-        };
-        for conn in conns {
-            cm.disconnect(conn);
-            sent = true;
+    crate::guard((), || {
+        if EXIT_PID.load(Ordering::Relaxed) != std::process::id() {
+            return;
         }
-    }
-    if sent {
+        let Ok(all) = MANAGERS.try_lock() else { return };
+        let mut live: Vec<(&'static WireCm, Vec<ConnId>)> = Vec::new();
+        for (_, cm) in all.iter() {
+            if let Ok(routes) = cm.routes.try_lock() {
+                if !routes.is_empty() {
+                    live.push((cm, routes.keys().copied().collect()));
+                }
+            }
+        }
+        drop(all);
+        if live.is_empty() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        for (cm, conns) in live {
+            let Some(agent) = cm.agent() else { continue };
+            for conn in conns {
+                let _ = agent.try_command(|m, now| m.disconnect(now, conn, &[]));
+            }
+        }
         // The DREQs were posted; an engine thread busy at that moment sends them on its
         // next pass, which this short wait leaves it.
         std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    })
 }
+
+/// The process that registered [`disconnect_all_at_exit`].
+static EXIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The manager of `dev` (whose RoCE address is `ip`), started on first use; `None` when QP1
 /// cannot be had (a context of another library, or none).
@@ -198,6 +214,7 @@ pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
     let port = CGsi::open(dev.ctx)?;
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     AT_EXIT.call_once(|| {
+        EXIT_PID.store(std::process::id(), Ordering::Relaxed);
         // SAFETY: registers a function with C's ABI that takes nothing, once.
         unsafe { libc::atexit(disconnect_all_at_exit) };
     });

@@ -533,13 +533,11 @@ impl Context {
             next_pd: AtomicU32::new(1),
         });
         let for_thread = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("ferroce-engine-{}", local.port()))
-            .spawn(move || {
-                crate::os::block_async_signals();
-                engine::run(for_thread)
-            })
-            .map_err(|e| Error::io("starting the engine thread", e))?;
+        let thread = crate::os::spawn_without_signals(
+            std::thread::Builder::new().name(format!("ferroce-engine-{}", local.port())),
+            move || engine::run(for_thread),
+        )
+        .map_err(|e| Error::io("starting the engine thread", e))?;
         Ok(Context {
             inner: Arc::new(ContextInner {
                 shared,

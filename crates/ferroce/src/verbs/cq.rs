@@ -174,7 +174,9 @@ impl CompletionQueue {
             // A poll of an armed CQ drains it before the thread sleeps on the CQ's channel
             // (arm, poll until empty, then `poll(2)` or epoll on the descriptor): it must
             // not keep the engine thread away from the socket meanwhile.
-            progressed = if self.inner.armed.load(Ordering::Relaxed) != UNARMED {
+            // Armed for solicited completions only, the CQ stays armed across the others, and
+            // a program may poll it busily meanwhile: that one keeps its hand-over.
+            progressed = if self.inner.armed.load(Ordering::Relaxed) == ARMED_ANY {
                 self.ctx.shared.progress_inline_before_sleep()
             } else {
                 self.ctx.shared.progress_inline()

@@ -75,9 +75,10 @@ impl std::ops::DerefMut for Held<'_> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         let _ = HELD.try_with(|h| {
-            let mut h = h.borrow_mut();
-            if let Some(at) = h.iter().rposition(|&k| k == self.key) {
-                h.swap_remove(at);
+            if let Ok(mut h) = h.try_borrow_mut() {
+                if let Some(at) = h.iter().rposition(|&k| k == self.key) {
+                    h.swap_remove(at);
+                }
             }
         });
     }
@@ -91,11 +92,20 @@ impl RSocket {
     /// that then would not even end on SIGTERM).
     fn lock(&self) -> Held<'_> {
         let key = self as *const RSocket as usize;
-        if HELD.with(|h| h.borrow().contains(&key)) {
+        // The record is gone once the thread's locals are destroyed (a call from an atexit
+        // handler or a static destructor): the check is skipped then, never a failure.
+        let held = HELD
+            .try_with(|h| h.try_borrow().is_ok_and(|h| h.contains(&key)))
+            .unwrap_or(false);
+        if held {
             std::panic::resume_unwind(Box::new(crate::ErrnoUnwind(libc::EDEADLK)));
         }
         let g = self.s.lock().unwrap_or_else(|e| e.into_inner());
-        HELD.with(|h| h.borrow_mut().push(key));
+        let _ = HELD.try_with(|h| {
+            if let Ok(mut h) = h.try_borrow_mut() {
+                h.push(key);
+            }
+        });
         Held { g, key }
     }
 }

@@ -102,6 +102,17 @@ pub(super) unsafe extern "C" fn rsetsockopt(
             }
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => set_flag(&mut g.tcp_opts, optname, val != 0),
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
+                let mut v = val;
+                // SAFETY: our live id and an int option (librdmacm passes it on so).
+                unsafe {
+                    rdma_set_option(
+                        g.cm_id,
+                        RDMA_OPTION_ID as c_int,
+                        RDMA_OPTION_ID_AFONLY as c_int,
+                        (&mut v as *mut c_int).cast(),
+                        std::mem::size_of::<c_int>(),
+                    )
+                };
                 set_flag(&mut g.ipv6_opts, optname, val != 0)
             }
             (SOL_RDMA, _) if g.state >= ST_OPENING => return fail(libc::EINVAL),

@@ -116,12 +116,10 @@ impl CmAgent {
             stop: AtomicBool::new(false),
         });
         let run = inner.clone();
-        let thread = std::thread::Builder::new()
-            .name("ferroce-cm".into())
-            .spawn(move || {
-                crate::os::block_async_signals();
-                run.run()
-            })?;
+        let thread = crate::os::spawn_without_signals(
+            std::thread::Builder::new().name("ferroce-cm".into()),
+            move || run.run(),
+        )?;
         Ok(CmAgent {
             inner,
             thread: Some(thread),
@@ -134,6 +132,19 @@ impl CmAgent {
         let r = f(&mut m, Instant::now());
         self.inner.flush(&mut m);
         r
+    }
+
+    /// [`Self::command`], unless another thread holds the manager now (`None`): for a caller
+    /// that must not wait, such as a process's exit, which may have interrupted that thread.
+    pub fn try_command<R>(&self, f: impl FnOnce(&mut CmManager, Instant) -> R) -> Option<R> {
+        let mut m = match self.inner.manager.try_lock() {
+            Ok(m) => m,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let r = f(&mut m, Instant::now());
+        self.inner.flush(&mut m);
+        Some(r)
     }
 }
 
