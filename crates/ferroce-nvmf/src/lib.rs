@@ -13,7 +13,9 @@
 //!   ([`namespace`]);
 //! - a target's controllers ([`target`]): Connect, admin commands, keep-alive, the discovery
 //!   controller and its log ([`discovery`]);
-//! - (next) the queues over ferroce's verbs and rdma_cm; the `ferroce nvmf-target` and
+//! - a queue of the target over RDMA ([`queue`]): what each capsule asks the transport to
+//!   move (RDMA READ, RDMA WRITE, the response's SEND with or without Invalidate);
+//! - (next) the queues on ferroce's verbs and rdma_cm; the `ferroce nvmf-target` and
 //!   `ferroce nvmf-perf` commands.
 //!
 //! Everything read from the wire is checked before use: a malformed capsule or descriptor is
@@ -30,6 +32,7 @@ pub mod identify;
 pub mod io;
 pub mod namespace;
 pub mod properties;
+pub mod queue;
 pub mod sgl;
 pub mod target;
 
