@@ -15,6 +15,8 @@
 //!   controller and its log ([`discovery`]);
 //! - a queue of the target over RDMA ([`queue`]): what each capsule asks the transport to
 //!   move (RDMA READ, RDMA WRITE, the response's SEND with or without Invalidate);
+//! - a queue of the host ([`host`]): command IDs, submission queue room, responses matched;
+//!   the two queue ends run against each other in seeded simulations (`tests/sim.rs`);
 //! - (next) the queues on ferroce's verbs and rdma_cm; the `ferroce nvmf-target` and
 //!   `ferroce nvmf-perf` commands.
 //!
@@ -28,6 +30,7 @@ pub mod command;
 pub mod completion;
 pub mod discovery;
 pub mod fabrics;
+pub mod host;
 pub mod identify;
 pub mod io;
 pub mod namespace;
