@@ -150,11 +150,7 @@ fn run(seed: u64) {
     let now = Instant::now();
     let total = 300;
     let qd = 1 + rng.below(16) as usize;
-    let busy = |host: &HostQueue<Option<Op>>,
-                slba: u64,
-                blocks: u64,
-                inflight: &HashMap<u32, (u64, u64)>| {
-        let _ = host;
+    let busy = |slba: u64, blocks: u64, inflight: &HashMap<u32, (u64, u64)>| {
         inflight
             .values()
             .any(|&(s, n)| slba < s + n && s < slba + blocks)
