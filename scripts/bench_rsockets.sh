@@ -38,9 +38,17 @@ goodput() {
   "${srv[@]}" "${env[@]}" timeout $((secs + 20)) iperf3 -s -1 -p $port >/dev/null 2>&1 &
   local s=$!
   sleep 0.7
-  "${cli[@]}" "${env[@]}" timeout $((secs + 15)) iperf3 -c $dst -p $port -t "$secs" -f m 2>/dev/null |
-    awk '/receiver$/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") print $(i - 1) }'
+  local out
+  out=$("${cli[@]}" "${env[@]}" timeout $((secs + 15)) iperf3 -c $dst -p $port -t "$secs" -f m 2>&1 || true)
   wait $s 2>/dev/null || true
+  local mbit
+  mbit=$(awk '/receiver$/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") print $(i - 1) }' <<< "$out")
+  # A run that moved nothing says why (on stderr, beside the table).
+  if [ -z "$mbit" ] || [ "$mbit" = "0.00" ]; then
+    echo "!! $where $mode: iperf3 reported no goodput:" >&2
+    grep -v "^\[ *[0-9]*\] *[0-9]" <<< "$out" | tail -5 | sed 's/^/   /' >&2
+  fi
+  echo "$mbit"
 }
 
 for where in lo ns; do
