@@ -546,7 +546,11 @@ check "rsocket_rcopy_host_server" rcopy_from_guest
 # what iperf3 says arrived, counted the way it went.
 RSPRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
 rxe_count() { gexec 0 "cat /sys/class/infiniband/rxe0/ports/1/hw_counters/$1" 10 | tr -dc 0-9; }
-iperf_received_mb() { awk '/receiver$/ { for (i = 2; i <= NF; i++) if ($i == "MBytes") print $(i-1) }' "$1" | tail -1; }
+iperf_received_mb() {
+  awk '/receiver$/ { for (i = 2; i <= NF; i++) {
+    if ($i == "KBytes") print $(i-1) * 1024 / 1e6; if ($i == "MBytes") print $(i-1) * 1048576 / 1e6
+    if ($i == "GBytes") print $(i-1) * 1073741824 / 1e6 } }' "$1" | tail -1
+}
 rs_iperf3() {
   local dir=$1 tag=rs_iperf3_$1 counter=sent_pkts opt="" before after mb
   [ "$dir" = into_guest ] && { counter=rcvd_pkts; opt=-R; }

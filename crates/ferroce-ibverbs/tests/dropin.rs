@@ -1202,14 +1202,27 @@ fn iperf3_over_librspreload_between_namespace_hosts_and_within_one() {
             s.status.success() && c.status.success() && ct.contains("iperf Done."),
             "{what}\nserver:\n{st}\nclient:\n{ct}"
         );
-        // The client's summary: what the sender sent and the receiver received, in MBytes.
+        // The client's summary: what the sender sent and the receiver received, in MB
+        // (iperf3 picks the transfer's unit by its size).
         let summary = |role: &str| -> f64 {
             ct.lines()
                 .filter(|l| l.trim_end().ends_with(role))
                 .find_map(|l| {
                     let f: Vec<&str> = l.split_whitespace().collect();
-                    let at = f.iter().position(|&w| w == "MBytes")?;
-                    f.get(at - 1)?.parse().ok()
+                    let (at, scale) = f.iter().enumerate().find_map(|(i, &w)| {
+                        let scale = match w {
+                            "Bytes" => 1e-6,
+                            "KBytes" => 1024.0 / 1e6,
+                            "MBytes" => 1024.0 * 1024.0 / 1e6,
+                            "GBytes" => 1024.0 * 1024.0 * 1024.0 / 1e6,
+                            _ => return None,
+                        };
+                        Some((i, scale))
+                    })?;
+                    f.get(at.checked_sub(1)?)?
+                        .parse::<f64>()
+                        .ok()
+                        .map(|v| v * scale)
                 })
                 .unwrap_or_else(|| panic!("{what}: no {role} summary\n{ct}"))
         };

@@ -2,9 +2,15 @@
 //! `librspreload.so`, on the wire as librdmacm's own (see `stream` for the protocol), so either
 //! end may be rdma-core's over a kernel or NIC.
 //!
-//! An rsocket is a synchronous rdma_cm id (its own event channel) with an RC QP, and its number
-//! is that channel's descriptor, as librdmacm's is: a real descriptor, so `librspreload.so`'s
-//! table of its own descriptors never collides with it. Each socket's state is under one lock;
+//! An rsocket is a synchronous rdma_cm id (its own event channel) with an RC QP. Its number is
+//! a real descriptor (a duplicate of that channel's), so `librspreload.so`'s table of its own
+//! descriptors never collides with it, and it is numbered above every descriptor open when the
+//! socket is made. librdmacm numbers a socket by its channel's descriptor, the lowest free one;
+//! `librspreload.so` maps its `select` sets back by walking its own descriptors upwards and
+//! taking the first whose rsocket number matches, so a socket numbered below the preload's
+//! descriptor for it (a hole left by a closed descriptor) is reported under the wrong one and
+//! its own never becomes readable: measured, 2 of 40 iperf3 runs between namespace hosts moved
+//! nothing, the server never reading its stream. Each socket's state is under one lock;
 //! a call that must wait (for data, credits, a connection) lets go of it while it polls the
 //! descriptor its wait is on, so a sender and a receiver on two threads never block each other.
 //!
@@ -28,6 +34,8 @@ static SOCKETS: Mutex<BTreeMap<c_int, Arc<RSocket>>> = Mutex::new(BTreeMap::new(
 /// One rsocket.
 struct RSocket {
     s: Mutex<Stream>,
+    /// The descriptor that is its number (see the module doc), closed with it.
+    _number: Option<OwnedFd>,
 }
 
 fn lookup(fd: c_int) -> Option<Arc<RSocket>> {
@@ -40,12 +48,30 @@ fn lookup(fd: c_int) -> Option<Arc<RSocket>> {
 
 fn insert(s: Stream) -> c_int {
     // SAFETY: a live synchronous id: its own channel.
-    let fd = unsafe { (*(*s.cm_id).channel).fd };
-    SOCKETS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(fd, Arc::new(RSocket { s: Mutex::new(s) }));
+    let channel_fd = unsafe { (*(*s.cm_id).channel).fd };
+    // Without a descriptor to spare, the channel's own number serves, as librdmacm's does.
+    let number = number_above_open(channel_fd);
+    let fd = number.as_ref().map_or(channel_fd, |n| n.as_raw_fd());
+    SOCKETS.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        fd,
+        Arc::new(RSocket {
+            s: Mutex::new(s),
+            _number: number,
+        }),
+    );
     fd
+}
+
+/// A duplicate of `fd` numbered above every descriptor this process has open now.
+fn number_above_open(fd: c_int) -> Option<OwnedFd> {
+    let highest = std::fs::read_dir("/proc/self/fd")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<c_int>().ok())
+        .max()?;
+    // SAFETY: F_DUPFD_CLOEXEC takes an int and makes a new descriptor, which we own.
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, highest.saturating_add(1)) };
+    // SAFETY: a descriptor just made, owned by nothing else.
+    (n >= 0).then(|| unsafe { OwnedFd::from_raw_fd(n) })
 }
 
 thread_local! {
