@@ -136,30 +136,94 @@ fn connect(t: &mut Target) -> (HostQueue<Option<Op>>, TargetQueue) {
     (host_io, tq)
 }
 
+/// The host's side of a run: its queue, buffers and model, and what the network holds.
+struct World {
+    host: HostQueue<Option<Op>>,
+    /// The namespace as the completed writes left it.
+    model: Vec<u8>,
+    /// The host's buffers, by key.
+    buffers: HashMap<u32, Vec<u8>>,
+    /// RDMA READs the target asked for and the network has not answered yet.
+    reads: Vec<(u16, u32, u32)>,
+    /// Blocks of the commands in flight, by key.
+    inflight: HashMap<u32, (u64, u64)>,
+    answered: u32,
+    out_of_range: u32,
+}
+
+impl World {
+    /// Does what the target asked: READs wait for the network, WRITEs land in the host's
+    /// buffers, responses complete their commands (checked against the model).
+    fn handle(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Read { tag, key, len, .. } => self.reads.push((tag, key, len)),
+                Action::Write { key, data, addr } => {
+                    self.buffers.get_mut(&key).expect("a live key")[addr as usize..][..data.len()]
+                        .copy_from_slice(&data);
+                }
+                Action::Send { cqe, invalidate } => {
+                    let (c, op) = self
+                        .host
+                        .on_response(&cqe)
+                        .expect("a response to a command in flight");
+                    let op = op.expect("an I/O command");
+                    assert_eq!(invalidate.is_some(), invalidate == Some(op.key));
+                    self.answered += 1;
+                    self.inflight.remove(&op.key);
+                    let end = op.slba + op.blocks;
+                    if end > BLOCKS {
+                        assert_eq!(c.status, Status::LBA_OUT_OF_RANGE);
+                        self.out_of_range += 1;
+                        continue;
+                    }
+                    assert!(c.status.is_success(), "{c:?}");
+                    let range = op.slba as usize * BLOCK..end as usize * BLOCK;
+                    let buf = self.buffers.remove(&op.key).unwrap();
+                    if op.write {
+                        self.model[range].copy_from_slice(&buf);
+                    } else {
+                        assert!(
+                            buf == self.model[range],
+                            "a read differs from what was written"
+                        );
+                    }
+                }
+                Action::Close => panic!("the queue ended"),
+            }
+        }
+    }
+
+    /// Whether `blocks` from `slba` overlap a command in flight.
+    fn busy(&self, slba: u64, blocks: u64) -> bool {
+        self.inflight
+            .values()
+            .any(|&(s, n)| slba < s + n && s < slba + blocks)
+    }
+}
+
 fn run(seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut t = target();
-    let (mut host, mut tq) = connect(&mut t);
-    let mut model = vec![0u8; BLOCKS as usize * BLOCK];
-    // The host's buffers, by key.
-    let mut buffers: HashMap<u32, Vec<u8>> = HashMap::new();
+    let (host, mut tq) = connect(&mut t);
+    let mut w = World {
+        host,
+        model: vec![0u8; BLOCKS as usize * BLOCK],
+        buffers: HashMap::new(),
+        reads: Vec::new(),
+        inflight: HashMap::new(),
+        answered: 0,
+        out_of_range: 0,
+    };
     let mut next_key = 1u32;
-    // RDMA READs the target asked for and the "network" has not answered yet.
-    let mut reads: Vec<(u16, u32, u32)> = Vec::new();
-    let (mut issued, mut answered, mut out_of_range) = (0u32, 0u32, 0u32);
+    let mut issued = 0u32;
     let now = Instant::now();
     let total = 300;
     let qd = 1 + rng.below(16) as usize;
-    let busy = |slba: u64, blocks: u64, inflight: &HashMap<u32, (u64, u64)>| {
-        inflight
-            .values()
-            .any(|&(s, n)| slba < s + n && s < slba + blocks)
-    };
-    let mut inflight: HashMap<u32, (u64, u64)> = HashMap::new();
-    while answered < total {
+    while w.answered < total {
         // Submit while there is room (never two commands on overlapping blocks in flight:
         // NVMe orders nothing between them).
-        while issued < total && host.outstanding() < qd && host.can_submit() {
+        while issued < total && w.host.outstanding() < qd && w.host.can_submit() {
             let write = rng.below(2) == 0;
             let blocks = 1 + rng.below(8);
             let wild = rng.below(20) == 0;
@@ -168,7 +232,7 @@ fn run(seed: u64) {
             } else {
                 rng.below(BLOCKS - blocks + 1)
             };
-            if !wild && busy(slba, blocks, &inflight) {
+            if !wild && w.busy(slba, blocks) {
                 continue;
             }
             let key = next_key;
@@ -179,7 +243,7 @@ fn run(seed: u64) {
             } else {
                 vec![0u8; len as usize]
             };
-            buffers.insert(key, buf);
+            w.buffers.insert(key, buf);
             let mut cmd = Command::new(
                 if write { io::WRITE } else { io::READ },
                 0,
@@ -195,102 +259,31 @@ fn run(seed: u64) {
             cmd.cdw[0] = slba as u32;
             cmd.cdw[1] = (slba >> 32) as u32;
             cmd.cdw[2] = blocks as u32 - 1;
-            let (_, cap) = host
-                .submit(
-                    cmd,
-                    &[],
-                    Some(Op {
-                        write,
-                        slba,
-                        blocks,
-                        key,
-                    }),
-                )
-                .unwrap();
+            let op = Op {
+                write,
+                slba,
+                blocks,
+                key,
+            };
+            let (_, cap) = w.host.submit(cmd, &[], Some(op)).unwrap();
             if !wild {
-                inflight.insert(key, (slba, blocks));
+                w.inflight.insert(key, (slba, blocks));
             }
             issued += 1;
             let actions = tq.on_capsule(now, &mut t, &cap);
-            handle(
-                actions,
-                &mut buffers,
-                &mut reads,
-                &mut host,
-                &mut model,
-                &mut inflight,
-                &mut answered,
-                &mut out_of_range,
-            );
+            w.handle(actions);
         }
         // The network answers one pending READ, chosen at random.
-        if !reads.is_empty() {
-            let (tag, key, len) = reads.swap_remove(rng.below(reads.len() as u64) as usize);
-            let data = buffers[&key][..len as usize].to_vec();
+        if !w.reads.is_empty() {
+            let at = rng.below(w.reads.len() as u64) as usize;
+            let (tag, key, len) = w.reads.swap_remove(at);
+            let data = w.buffers[&key][..len as usize].to_vec();
             let actions = tq.read_done(now, &mut t, tag, Some(data));
-            handle(
-                actions,
-                &mut buffers,
-                &mut reads,
-                &mut host,
-                &mut model,
-                &mut inflight,
-                &mut answered,
-                &mut out_of_range,
-            );
+            w.handle(actions);
         }
     }
-    assert_eq!(host.outstanding(), 0, "seed {seed}");
-    assert!(
-        out_of_range > 0 || total < 100,
-        "seed {seed}: no wild LBA tried"
-    );
-}
-
-#[allow(clippy::too_many_arguments)]
-fn handle(
-    actions: Vec<Action>,
-    buffers: &mut HashMap<u32, Vec<u8>>,
-    reads: &mut Vec<(u16, u32, u32)>,
-    host: &mut HostQueue<Option<Op>>,
-    model: &mut [u8],
-    inflight: &mut HashMap<u32, (u64, u64)>,
-    answered: &mut u32,
-    out_of_range: &mut u32,
-) {
-    for a in actions {
-        match a {
-            Action::Read { tag, key, len, .. } => reads.push((tag, key, len)),
-            Action::Write { key, data, addr } => {
-                buffers.get_mut(&key).expect("a live key")[addr as usize..][..data.len()]
-                    .copy_from_slice(&data);
-            }
-            Action::Send { cqe, invalidate } => {
-                let (c, op) = host
-                    .on_response(&cqe)
-                    .expect("a response to a command in flight");
-                let op = op.expect("an I/O command");
-                assert_eq!(invalidate.is_some(), invalidate == Some(op.key));
-                *answered += 1;
-                inflight.remove(&op.key);
-                let end = op.slba + op.blocks;
-                if end > BLOCKS {
-                    assert_eq!(c.status, Status::LBA_OUT_OF_RANGE);
-                    *out_of_range += 1;
-                    continue;
-                }
-                assert!(c.status.is_success(), "{c:?}");
-                let range = op.slba as usize * BLOCK..end as usize * BLOCK;
-                let buf = buffers.remove(&op.key).unwrap();
-                if op.write {
-                    model[range].copy_from_slice(&buf);
-                } else {
-                    assert!(buf == model[range], "a read differs from what was written");
-                }
-            }
-            Action::Close => panic!("the queue ended"),
-        }
-    }
+    assert_eq!(w.host.outstanding(), 0, "seed {seed}");
+    assert!(w.out_of_range > 0, "seed {seed}: no wild LBA tried");
 }
 
 #[test]

@@ -37,6 +37,22 @@ fn flag(opts: u64, name: c_int) -> c_int {
     c_int::from(opts & (1u64 << (name as u32 & 63)) != 0)
 }
 
+/// Sets the socket's id's int option `name` (of `RDMA_OPTION_ID`) to `val`; its result is not
+/// the socket's.
+fn set_id_option(g: &Stream, name: u32, val: c_int) {
+    let mut v = val;
+    // SAFETY: our live id and an int option, read from a local during the call.
+    unsafe {
+        rdma_set_option(
+            g.cm_id,
+            RDMA_OPTION_ID as c_int,
+            name as c_int,
+            (&mut v as *mut c_int).cast(),
+            std::mem::size_of::<c_int>(),
+        )
+    };
+}
+
 /// `rsetsockopt`.
 #[no_mangle]
 pub(super) unsafe extern "C" fn rsetsockopt(
@@ -60,18 +76,9 @@ pub(super) unsafe extern "C" fn rsetsockopt(
         };
         match (level, optname) {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => {
-                let mut v = val;
-                // SAFETY: our live id and an int option. Its refusal (an id already bound)
-                // changes nothing for a socket, as librdmacm ignores it too.
-                unsafe {
-                    rdma_set_option(
-                        g.cm_id,
-                        RDMA_OPTION_ID as c_int,
-                        RDMA_OPTION_ID_REUSEADDR as c_int,
-                        (&mut v as *mut c_int).cast(),
-                        std::mem::size_of::<c_int>(),
-                    )
-                };
+                // Its refusal (an id already bound) changes nothing for a socket, as librdmacm
+                // ignores it too.
+                set_id_option(&g, RDMA_OPTION_ID_REUSEADDR, val);
                 set_flag(&mut g.so_opts, optname, val != 0);
             }
             (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
@@ -102,17 +109,9 @@ pub(super) unsafe extern "C" fn rsetsockopt(
             }
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => set_flag(&mut g.tcp_opts, optname, val != 0),
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
-                let mut v = val;
-                // SAFETY: our live id and an int option (librdmacm passes it on so).
-                unsafe {
-                    rdma_set_option(
-                        g.cm_id,
-                        RDMA_OPTION_ID as c_int,
-                        RDMA_OPTION_ID_AFONLY as c_int,
-                        (&mut v as *mut c_int).cast(),
-                        std::mem::size_of::<c_int>(),
-                    )
-                };
+                // Passed on to the id, as librdmacm does: a listener bound to `::` then takes
+                // IPv6 requests only.
+                set_id_option(&g, RDMA_OPTION_ID_AFONLY, val);
                 set_flag(&mut g.ipv6_opts, optname, val != 0)
             }
             (SOL_RDMA, _) if g.state >= ST_OPENING => return fail(libc::EINVAL),
