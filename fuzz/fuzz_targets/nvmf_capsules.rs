@@ -21,7 +21,7 @@ use ferroce_nvmf::fabrics::{Connect, ConnectData, Property, CNTLID_DYNAMIC};
 use ferroce_nvmf::namespace::{MemoryBacking, Namespace};
 use ferroce_nvmf::queue::{Action, TargetQueue};
 use ferroce_nvmf::sgl::Sgl;
-use ferroce_nvmf::target::{Subsystem, Target, TargetConfig};
+use ferroce_nvmf::controllers::{Subsystem, Target, TargetConfig};
 use libfuzzer_sys::fuzz_target;
 
 const NQN: &str = "nqn.2026-11.io.ferroce:fuzz";

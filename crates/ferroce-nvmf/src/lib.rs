@@ -11,7 +11,7 @@
 //! - the controller's parts: its registers ([`properties`]), Identify ([`identify`]), the
 //!   I/O commands ([`io`]) on namespaces over a file, a block device or memory
 //!   ([`namespace`]);
-//! - a target's controllers ([`target`]): Connect, admin commands, keep-alive, the discovery
+//! - a target's controllers ([`controllers`]): Connect, admin commands, keep-alive, the discovery
 //!   controller and its log ([`discovery`]);
 //! - a queue of the target over RDMA ([`queue`]): what each capsule asks the transport to
 //!   move (RDMA READ, RDMA WRITE, the response's SEND with or without Invalidate);
@@ -28,6 +28,7 @@
 pub mod cm;
 pub mod command;
 pub mod completion;
+pub mod controllers;
 pub mod discovery;
 pub mod fabrics;
 pub mod host;
@@ -37,7 +38,6 @@ pub mod namespace;
 pub mod properties;
 pub mod queue;
 pub mod sgl;
-pub mod target;
 
 /// What a byte string from the wire failed to be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

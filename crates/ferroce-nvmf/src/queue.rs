@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use crate::command::{Command, Direction, SQE_LEN};
 use crate::completion::{Completion, Status};
+use crate::controllers::{Outcome, QueueBinding, Target};
 use crate::fabrics::{fctype, fctype_of};
 use crate::io::{self, Response};
 use crate::sgl::Sgl;
-use crate::target::{Outcome, QueueBinding, Target};
 
 /// What the transport does next for a queue.
 #[derive(Debug, Clone, PartialEq, Eq)]

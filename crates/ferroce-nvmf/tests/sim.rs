@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use ferroce_nvmf::command::{io, Command};
 use ferroce_nvmf::completion::Status;
+use ferroce_nvmf::controllers::{Subsystem, Target, TargetConfig};
 use ferroce_nvmf::fabrics::{Connect, ConnectData, Property, CNTLID_DYNAMIC};
 use ferroce_nvmf::host::HostQueue;
 use ferroce_nvmf::namespace::{MemoryBacking, Namespace};
 use ferroce_nvmf::queue::{Action, TargetQueue};
 use ferroce_nvmf::sgl::Sgl;
-use ferroce_nvmf::target::{Subsystem, Target, TargetConfig};
 
 const NQN: &str = "nqn.2026-11.io.ferroce:sim";
 const BLOCK: usize = 512;

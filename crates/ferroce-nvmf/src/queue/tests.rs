@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use super::*;
 use crate::command::{admin, io as opc};
+use crate::controllers::{Subsystem, TargetConfig};
 use crate::fabrics::{Connect, ConnectData, Property, CNTLID_DYNAMIC};
 use crate::identify::cns;
 use crate::namespace::{MemoryBacking, Namespace};
-use crate::target::{Subsystem, TargetConfig};
 
 const NQN: &str = "nqn.2026-11.io.ferroce:q";
 
