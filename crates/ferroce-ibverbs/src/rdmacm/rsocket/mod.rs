@@ -1004,3 +1004,42 @@ pub(super) unsafe extern "C" fn rgetsockname(
         0
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread that takes a socket's lock while it holds it (a signal handler's call, or a
+    /// call after a handler jumped out of one) fails with EDEADLK through `guard`, and the
+    /// lock is usable again once the holder lets go.
+    #[test]
+    fn a_lock_taken_twice_by_one_thread_is_edeadlk_not_a_hang() {
+        let sock = RSocket {
+            s: Mutex::new(Stream::new(std::ptr::null_mut(), None)),
+            _number: None,
+        };
+        let held = sock.lock();
+        let r: c_int = guard(-1, || {
+            let _again = sock.lock();
+            0
+        });
+        assert_eq!(r, -1);
+        assert_eq!(errno(), libc::EDEADLK);
+        drop(held);
+        let r: c_int = guard(-1, || {
+            let _g = sock.lock();
+            7
+        });
+        assert_eq!(r, 7);
+        // Another thread waits for the holder instead (no false EDEADLK).
+        let sock = Arc::new(sock);
+        let g = sock.lock();
+        let other = {
+            let sock = sock.clone();
+            std::thread::spawn(move || guard(-1, || sock.lock().state as c_int))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(g);
+        assert_eq!(other.join().unwrap(), ST_INIT as c_int);
+    }
+}
