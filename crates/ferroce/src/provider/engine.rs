@@ -460,6 +460,13 @@ pub(crate) fn flush_held_ack(shared: &ContextShared, qp: &QpShared) {
     send_held_ack(shared, qp);
 }
 
+/// Runs one engine pass now, waiting for the engine if another thread holds it: what has
+/// arrived in the socket and the rings is processed before a QP is moved to ERR.
+pub(crate) fn take_arrived(shared: &ContextShared) {
+    let mut st = shared.engine.lock().unwrap_or_else(|e| e.into_inner());
+    progress(shared, &mut st);
+}
+
 /// Sends now what the QP owes its peer — responses and ACKs its transport has made but no
 /// pass has sent yet, and a held ACK — before it stops answering (destroyed, or moved to
 /// ERR): a program that read a receive completion and then tore its QP down has, on real

@@ -67,7 +67,9 @@ pub(crate) use crate::verbs::ud::receive_datagram;
 
 // ---- what the verbs layer may name of the providers ---------------------------------------
 
-pub(crate) use engine::{flush_held_ack, route_completions, send_owed, DeferredAck, EngineState};
+pub(crate) use engine::{
+    flush_held_ack, route_completions, send_owed, take_arrived, DeferredAck, EngineState,
+};
 pub(crate) use shm::adopt::{adopt, release as release_adopted, AdoptedPages};
 pub(crate) use shm::map::SharedMap;
 pub(crate) use shm::{direct, shortcut, Link, PeerMemory, ShmHost, ShmQp};

@@ -169,6 +169,8 @@ pub(super) const REQUEST_DEADLINE_NS: u64 = 2_000_000_000;
 pub(super) const PARKED_DEADLINE_NS: u64 = 60_000_000_000;
 /// Connections accepted in one pass.
 const ACCEPTS_PER_POLL: usize = 32;
+/// How long a link waits for a listener whose backlog is full before it gives up the shortcut.
+const LISTENER_BUSY_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
 /// Messages (hellos, wake-up bytes) read from one connection in one pass.
 const MESSAGES_PER_POLL: usize = 64;
 
@@ -347,20 +349,32 @@ impl ShmHost {
     ) -> io::Result<bool> {
         let sock = seqpacket_socket()?;
         let (addr, len) = unix_addr(&abstract_name(dest));
-        // SAFETY: `addr` is a live sockaddr_un of `len` bytes.
-        let r = unsafe {
-            libc::connect(
-                sock.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        if r != 0 {
-            let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                Some(libc::ECONNREFUSED) | Some(libc::ENOENT) | Some(libc::EAGAIN) => Ok(false),
-                _ => Err(e),
+        // A listener whose backlog is full (EAGAIN) is alive but busy — a flood of hellos, or
+        // many QPs linking at once: it is tried again for a while before the shortcut is given
+        // up, so that a forced shm provider does not fail a connection for a moment's load.
+        let busy_until = std::time::Instant::now() + LISTENER_BUSY_PATIENCE;
+        loop {
+            // SAFETY: `addr` is a live sockaddr_un of `len` bytes.
+            let r = unsafe {
+                libc::connect(
+                    sock.as_raw_fd(),
+                    (&addr as *const libc::sockaddr_un).cast(),
+                    len,
+                )
             };
+            if r == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) if std::time::Instant::now() < busy_until => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Some(libc::ECONNREFUSED) | Some(libc::ENOENT) | Some(libc::EAGAIN) => {
+                    return Ok(false)
+                }
+                _ => return Err(e),
+            }
         }
         // The process that bound the destination's name, as the kernel says: it is the one
         // our QP links with, or none. A peer whose pid this namespace cannot see (pid 0), of
@@ -376,9 +390,17 @@ impl ShmHost {
         qp.page.reset_ring(qp.ring_tail.load(Ordering::Relaxed));
         let hello = hello(qpn, peer_qpn);
         let fds = [self.table.map.fd(), qp.page.map.fd()];
-        if send_with_fds(sock.as_raw_fd(), &hello, &fds).is_err() {
-            self.refused();
-            return Ok(false);
+        match send_with_fds(sock.as_raw_fd(), &hello, &fds) {
+            Ok(()) => {}
+            // The listener took the connection and closed it before our hello went out: it
+            // refused us (its list of waiting hellos is full). That is the refusal that comes
+            // after a hello, only sooner: the peer may still link to us from its side, so the
+            // link stays pending on the closed socket exactly as if the hello had gone out.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {}
+            Err(_) => {
+                self.refused();
+                return Ok(false);
+            }
         }
         let id = self.next_link_id.fetch_add(1, Ordering::Relaxed);
         // The peer may link and send before its hello reaches us: read the ring from now on.
