@@ -90,7 +90,7 @@ pub struct CollArgs {
 }
 
 /// Sizes like nccl-tests': a number with an optional K, M or G (powers of 1024).
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let (num, mult) = match s.chars().last() {
         Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
         Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),

@@ -9,6 +9,7 @@ mod coll;
 mod decode;
 mod demo;
 mod devices;
+mod nvmf;
 mod perf;
 mod pingpong;
 mod route;
@@ -70,6 +71,14 @@ enum Command {
     /// nccl-tests' sendrecv_perf: each rank sends to the next and receives from the previous.
     #[command(name = "sendrecv_perf")]
     SendrecvPerf(coll::CollArgs),
+    /// An NVMe over Fabrics target: one namespace per backing file (or --memory SIZE), served
+    /// over RDMA until SIGINT.
+    #[command(name = "nvmf-target")]
+    NvmfTarget(nvmf::target::TargetArgs),
+    /// A fio-like NVMe over Fabrics initiator: IOPS, throughput and latency percentiles,
+    /// optionally verifying every read.
+    #[command(name = "nvmf-perf")]
+    NvmfPerf(nvmf::perf::PerfArgs),
 }
 
 fn main() -> ExitCode {
@@ -118,6 +127,8 @@ fn main() -> ExitCode {
         Command::ReducePerf(args) => coll::run(coll::Collective::Reduce, &args),
         Command::AlltoallPerf(args) => coll::run(coll::Collective::Alltoall, &args),
         Command::SendrecvPerf(args) => coll::run(coll::Collective::Sendrecv, &args),
+        Command::NvmfTarget(args) => nvmf::target::run(&args),
+        Command::NvmfPerf(args) => nvmf::perf::run(&args),
     };
     finish(result)
 }

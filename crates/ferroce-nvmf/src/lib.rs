@@ -17,8 +17,8 @@
 //!   move (RDMA READ, RDMA WRITE, the response's SEND with or without Invalidate);
 //! - a queue of the host ([`host`]): command IDs, submission queue room, responses matched;
 //!   the two queue ends run against each other in seeded simulations (`tests/sim.rs`);
-//! - (next) the queues on ferroce's verbs and rdma_cm; the `ferroce nvmf-target` and
-//!   `ferroce nvmf-perf` commands.
+//! - the queues on ferroce's verbs ([`rdma`]): the target's queue threads and the host's
+//!   controller and I/O queues, which `ferroce nvmf-target` and `ferroce nvmf-perf` run.
 //!
 //! Everything read from the wire is checked before use: a malformed capsule or descriptor is
 //! an error value (which the controller answers with the status the specification names),
@@ -37,6 +37,7 @@ pub mod io;
 pub mod namespace;
 pub mod properties;
 pub mod queue;
+pub mod rdma;
 pub mod sgl;
 
 /// What a byte string from the wire failed to be.

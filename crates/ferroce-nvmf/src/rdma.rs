@@ -1,0 +1,11 @@
+//! The queues on ferroce's verbs: the sans-IO queue ends ([`crate::queue`], [`crate::host`])
+//! bound to RC queue pairs, registered buffers and completion channels.
+//!
+//! - [`exchange`]: how a ferroce host reaches a ferroce target's queue (over TCP, where the
+//!   IB CM on the wire cannot reach: the processes of one host share its address);
+//! - [`target`]: the target's queues, a thread each, over a shared [`crate::controllers::Target`];
+//! - [`initiator`]: the host's controller bring-up and I/O queues.
+
+pub mod exchange;
+pub mod initiator;
+pub mod target;
