@@ -449,6 +449,11 @@ impl Controller {
         Ok(q)
     }
 
+    /// Sets the entries of I/O queues connected from now on.
+    pub fn set_io_queue_entries(&mut self, entries: u16) {
+        self.options.io_queue_entries = entries;
+    }
+
     /// Sends a Keep Alive on the admin queue.
     pub fn keep_alive(&mut self) -> Result<()> {
         let cmd = Command::new(

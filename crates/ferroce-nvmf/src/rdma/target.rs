@@ -255,6 +255,8 @@ struct RdmaQueue {
     bounce: MemoryRegion,
     slot_len: usize,
     free_slots: Vec<usize>,
+    /// The length of the READ each slot was last given to.
+    read_len: Vec<usize>,
 }
 
 impl RdmaQueue {
@@ -300,6 +302,7 @@ impl RdmaQueue {
             bounce,
             slot_len,
             free_slots: (0..slots).rev().collect(),
+            read_len: vec![0; slots],
         })
     }
 
@@ -407,15 +410,15 @@ impl RdmaQueue {
                 Some(actions)
             }
             wr::READ => {
-                let data = self
-                    .bounce
-                    .to_vec(slot * self.slot_len, wc.byte_len as usize)
-                    .ok();
+                // A READ's completion need not carry its length (the verbs define byte_len for
+                // receives): the length asked for is kept with the slot.
+                let len = self.read_len.get(slot).copied().unwrap_or(0);
+                let data = self.bounce.to_vec(slot * self.slot_len, len).ok();
                 self.free_slots.push(slot);
                 setup
                     .counters
                     .bytes_from_hosts
-                    .fetch_add(u64::from(wc.byte_len), Ordering::Relaxed);
+                    .fetch_add(len as u64, Ordering::Relaxed);
                 Some(tq.read_done(Instant::now(), &mut lock(&setup.target), tag, data))
             }
             wr::WRITE => {
@@ -445,6 +448,7 @@ impl RdmaQueue {
                         return false;
                     }
                     let slot = self.free_slots.pop().expect("checked");
+                    self.read_len[slot] = len as usize;
                     self.bounce
                         .sge(slot * self.slot_len, len as usize)
                         .and_then(|sge| {
