@@ -1,0 +1,251 @@
+//! `ferroce nvmf-perf` against `ferroce nvmf-target` as separate processes: on one host (shared
+//! memory) and between two network-namespace hosts (RoCE v2 over UDP), every read checked
+//! against what was written; a host killed mid-run leaves the target serving the next, and the
+//! target ends on SIGINT with every queue it opened closed.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2026-11.io.ferroce:cli-test";
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `ferroce`, inside network namespace `ns` if given.
+fn ferroce_in(ns: Option<&str>) -> Command {
+    match ns {
+        None => Command::new(env!("CARGO_BIN_EXE_ferroce")),
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_ferroce")]);
+            c
+        }
+    }
+}
+
+fn start_target(ns: Option<&str>, listen: &str, port: u16) -> Child {
+    let t = ferroce_in(ns)
+        .args(["nvmf-target", "--nqn", NQN, "--listen", listen])
+        .args(["--port", &port.to_string(), "--memory", "32M"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Listening once the TCP port answers.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let probe = match ns {
+            None => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            Some(ns) => Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns,
+                    "ss",
+                    "-ltnH",
+                    &format!("sport = :{port}"),
+                ])
+                .output()
+                .is_ok_and(|o| !o.stdout.is_empty()),
+        };
+        if probe {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "the target did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One `nvmf-perf` run, which must succeed with every read checked; returns its output.
+fn perf(ns: Option<&str>, target: &str, port: u16, args: &[&str]) -> String {
+    let out = ferroce_in(ns)
+        .args(["nvmf-perf", "--target", target, "--port", &port.to_string()])
+        .args(["--nqn", NQN, "--verify"])
+        .args(args)
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "nvmf-perf {args:?}\n{t}");
+    let verify = t
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("verify: "))
+        .unwrap_or_else(|| panic!("no verify line\n{t}"));
+    let checked: u64 = verify.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(verify.ends_with(", 0 mismatches"), "{t}");
+    let reads = !args.iter().any(|a| *a == "write" || *a == "randwrite");
+    assert!(!reads || checked > 0, "no read was checked\n{t}");
+    assert!(t.contains("errors: 0"), "{t}");
+    t
+}
+
+/// SIGINT to the target: it must end cleanly and report every queue it opened as closed.
+fn stop_target(t: Child, opened_at_least: u64) -> String {
+    let pid = t.id().to_string();
+    let k = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(k.success());
+    let out = t.wait_with_output().unwrap();
+    let s = text(&out);
+    assert!(out.status.success(), "{s}");
+    let line = s
+        .lines()
+        .find(|l| l.contains("queues opened"))
+        .unwrap_or_else(|| panic!("no counters\n{s}"));
+    let num = |key: &str| -> u64 {
+        let at = line.find(key).unwrap() + key.len();
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .find(|w| !w.is_empty())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (opened, closed) = (num("queues opened "), num(" closed "));
+    assert!(opened >= opened_at_least, "{s}");
+    assert_eq!(opened, closed, "queues left open at exit: {s}");
+    s
+}
+
+/// A host killed mid-run: the target must keep serving the next one.
+fn kill_a_host_mid_run(ns: Option<&str>, target: &str, port: u16) {
+    let mut victim = ferroce_in(ns)
+        .args(["nvmf-perf", "--target", target, "--port", &port.to_string()])
+        .args(["--nqn", NQN, "--rw", "randwrite", "--bs", "4k", "--qd", "8"])
+        .args(["--time", "30", "--size", "8M"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(victim.try_wait().unwrap().is_none(), "the host ended early");
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
+#[test]
+fn nvmf_perf_against_nvmf_target_on_one_host() {
+    let port = free_port();
+    let t = start_target(None, "127.0.0.1", port);
+    perf(
+        None,
+        "127.0.0.1",
+        port,
+        &[
+            "--rw", "randrw", "--bs", "4k", "--qd", "8", "--time", "1", "--size", "8M",
+        ],
+    );
+    perf(
+        None,
+        "127.0.0.1",
+        port,
+        &[
+            "--rw", "read", "--bs", "1M", "--qd", "2", "--time", "1", "--size", "16M",
+        ],
+    );
+    kill_a_host_mid_run(None, "127.0.0.1", port);
+    perf(
+        None,
+        "127.0.0.1",
+        port,
+        &[
+            "--rw", "randread", "--bs", "8k", "--qd", "4", "--time", "1", "--size", "4M",
+        ],
+    );
+    // Three hosts that finished and one killed: two queues each.
+    stop_target(t, 8);
+}
+
+/// Two hosts made of network namespaces, deleted on drop.
+struct Hosts(Vec<String>);
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(out.status.success(), "ip {args:?}: {}", text(&out));
+}
+
+#[test]
+fn nvmf_perf_against_nvmf_target_between_namespace_hosts() {
+    if !ferroce_test_support::require_root(
+        "nvmf_perf_against_nvmf_target_between_namespace_hosts",
+        "network namespaces",
+    ) {
+        return;
+    }
+    let names = ["a", "b"].map(|h| format!("ferroce-nvmf-{}-{h}", std::process::id()));
+    let mut hosts = Hosts(Vec::new());
+    for ns in &names {
+        ip(&["netns", "add", ns]);
+        hosts.0.push(ns.clone());
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+    let addrs = ["10.212.0.1", "10.212.0.2"];
+    ip(&[
+        "link", "add", "veth0", "netns", &names[0], "type", "veth", "peer", "name", "veth0",
+        "netns", &names[1],
+    ]);
+    for (i, ns) in names.iter().enumerate() {
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            addrs[i],
+            "peer",
+            addrs[1 - i],
+            "dev",
+            "veth0",
+        ]);
+        ip(&["-n", ns, "link", "set", "veth0", "up"]);
+    }
+    let port = 4420;
+    let t = start_target(Some(&names[0]), addrs[0], port);
+    let host = Some(names[1].as_str());
+    perf(
+        host,
+        addrs[0],
+        port,
+        &[
+            "--rw", "randrw", "--bs", "4k", "--qd", "8", "--time", "1", "--size", "8M",
+        ],
+    );
+    perf(
+        host,
+        addrs[0],
+        port,
+        &[
+            "--rw", "write", "--bs", "256k", "--qd", "4", "--time", "1", "--size", "16M",
+        ],
+    );
+    kill_a_host_mid_run(host, addrs[0], port);
+    perf(
+        host,
+        addrs[0],
+        port,
+        &[
+            "--rw", "randread", "--bs", "4k", "--qd", "16", "--time", "1", "--size", "4M",
+        ],
+    );
+    stop_target(t, 8);
+    drop(hosts);
+}
