@@ -45,9 +45,19 @@ fn start_target(ns: Option<&str>, listen: &str, port: u16) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Listening once the TCP port answers.
+    if !listening(ns, port) {
+        let mut t = t;
+        let _ = t.kill();
+        let out = t.wait_with_output().unwrap();
+        panic!("the target did not listen\n{}", text(&out));
+    }
+    t
+}
+
+/// Whether the TCP port answers within 20 s.
+fn listening(ns: Option<&str>, port: u16) -> bool {
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    while Instant::now() < deadline {
         let probe = match ns {
             None => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
             Some(ns) => Command::new("ip")
@@ -63,11 +73,11 @@ fn start_target(ns: Option<&str>, listen: &str, port: u16) -> Child {
                 .is_ok_and(|o| !o.stdout.is_empty()),
         };
         if probe {
-            return t;
+            return true;
         }
-        assert!(Instant::now() < deadline, "the target did not listen");
         std::thread::sleep(Duration::from_millis(50));
     }
+    false
 }
 
 /// One `nvmf-perf` run, which must succeed with every read checked; returns its output.

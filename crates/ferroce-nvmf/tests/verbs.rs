@@ -119,7 +119,12 @@ fn one(q: &mut Queue, ns: &Controller, write: bool, slba: u64, blocks: u32) -> S
 fn completion_of(q: &mut Queue, cid: u16) -> Status {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        for (c, _) in q.reap(Duration::from_millis(100)).unwrap() {
+        if let Some((c, _)) = q
+            .reap(Duration::from_millis(100))
+            .unwrap()
+            .into_iter()
+            .next()
+        {
             assert_eq!(c.cid, cid, "the only command in flight");
             return c.status;
         }

@@ -319,11 +319,7 @@ impl RdmaQueue {
         let mut waiting: VecDeque<Action> = VecDeque::new();
         let mut wcs = vec![ferroce::empty_wc(); 32];
         let mut last_look = Instant::now();
-        'serve: loop {
-            let n = match self.cq.poll(&mut wcs) {
-                Ok(n) => n,
-                Err(_) => break,
-            };
+        'serve: while let Ok(n) = self.cq.poll(&mut wcs) {
             for wc in &wcs[..n] {
                 let actions = match self.on_completion(setup, &mut tq, wc) {
                     Some(a) => a,
