@@ -4,8 +4,11 @@
 //! - [`exchange`]: how a ferroce host reaches a ferroce target's queue (over TCP, where the
 //!   IB CM on the wire cannot reach: the processes of one host share its address);
 //! - [`target`]: the target's queues, a thread each, over a shared [`crate::controllers::Target`];
+//! - [`wire`]: the target's queues connected through IB CM on the wire, as the Linux kernel's
+//!   host connects them;
 //! - [`initiator`]: the host's controller bring-up and I/O queues.
 
 pub mod exchange;
 pub mod initiator;
 pub mod target;
+pub mod wire;

@@ -128,6 +128,15 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
             max_queue_entries: 128,
         },
     );
+    // Kernel hosts connect through IB CM on the wire (QP1 of this context); ferroce hosts
+    // through the TCP exchange on the same port number.
+    let wire = match server.listen_wire(args.port) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            eprintln!("nvmf-target: no IB CM on the wire (kernel hosts cannot connect): {e}");
+            None
+        }
+    };
     let listener = TcpListener::bind(SocketAddr::new(args.listen, args.port))
         .map_err(|e| format!("listening on {}:{}: {e}", args.listen, args.port))?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
@@ -154,6 +163,7 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
         .serve_tcp(listener)
         .map_err(|e| format!("serving: {e}"))?;
     let _ = watcher.join();
+    drop(wire);
     // Queues see the flag within their idle look; give them that long to end.
     std::thread::sleep(Duration::from_millis(200));
     println!("nvmf-target: {}", counters.summary());

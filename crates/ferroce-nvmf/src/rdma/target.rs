@@ -120,6 +120,17 @@ impl Server {
         self.stop.clone()
     }
 
+    /// What a new queue's thread starts from.
+    pub(super) fn setup(&self) -> QueueSetup {
+        QueueSetup {
+            ctx: self.ctx.clone(),
+            target: self.target.clone(),
+            limits: self.limits,
+            counters: self.counters.clone(),
+            stop: self.stop.clone(),
+        }
+    }
+
     /// Takes ferroce hosts' queues from `listener` (see [`super::exchange`]) until the stop
     /// flag is set; each queue runs on a thread of its own.
     pub fn serve_tcp(&self, listener: TcpListener) -> std::io::Result<()> {
@@ -128,13 +139,7 @@ impl Server {
             match listener.accept() {
                 Ok((stream, _)) => {
                     stream.set_nonblocking(false)?;
-                    let q = QueueSetup {
-                        ctx: self.ctx.clone(),
-                        target: self.target.clone(),
-                        limits: self.limits,
-                        counters: self.counters.clone(),
-                        stop: self.stop.clone(),
-                    };
+                    let q = self.setup();
                     std::thread::Builder::new()
                         .name("nvmf-queue".into())
                         .spawn(move || q.run_tcp(stream))?;
@@ -150,16 +155,17 @@ impl Server {
 }
 
 /// What a queue's thread starts from.
-struct QueueSetup {
-    ctx: Arc<Context>,
-    target: Arc<Mutex<Target>>,
-    limits: QueueLimits,
-    counters: Arc<Counters>,
-    stop: Arc<AtomicBool>,
+#[derive(Clone)]
+pub(super) struct QueueSetup {
+    pub(super) ctx: Arc<Context>,
+    pub(super) target: Arc<Mutex<Target>>,
+    pub(super) limits: QueueLimits,
+    pub(super) counters: Arc<Counters>,
+    pub(super) stop: Arc<AtomicBool>,
 }
 
 /// Why a request is refused, checked before any resource is made.
-fn check_request(req: &CmRequest, limits: &QueueLimits) -> Result<u16, CmRejectStatus> {
+pub(super) fn check_request(req: &CmRequest, limits: &QueueLimits) -> Result<u16, CmRejectStatus> {
     if req.recfmt != RECFMT {
         return Err(CmRejectStatus::InvalidRecordFormat);
     }
@@ -244,8 +250,8 @@ mod wr {
 }
 
 /// One queue's verbs and buffers.
-struct RdmaQueue {
-    qp: QueuePair,
+pub(super) struct RdmaQueue {
+    pub(super) qp: QueuePair,
     /// Submission queue entries (the request's HSQSIZE + 1): receives posted.
     entries: u16,
     cq: CompletionQueue,
@@ -260,7 +266,7 @@ struct RdmaQueue {
 }
 
 impl RdmaQueue {
-    fn new(setup: &QueueSetup, entries: u16) -> ferroce::Result<RdmaQueue> {
+    pub(super) fn new(setup: &QueueSetup, entries: u16) -> ferroce::Result<RdmaQueue> {
         let ctx = &setup.ctx;
         let n = usize::from(entries);
         let pd = ctx.alloc_pd()?;
@@ -306,7 +312,7 @@ impl RdmaQueue {
         })
     }
 
-    fn connect_options(&self) -> ConnectOptions {
+    pub(super) fn connect_options(&self) -> ConnectOptions {
         ConnectOptions {
             access: TARGET_QP_ACCESS,
             ..ConnectOptions::default()
@@ -314,7 +320,7 @@ impl RdmaQueue {
     }
 
     /// Serves until the queue ends.
-    fn run(mut self, setup: &QueueSetup, ended: &mut dyn FnMut() -> bool) {
+    pub(super) fn run(mut self, setup: &QueueSetup, ended: &mut dyn FnMut() -> bool) {
         let mut tq = TargetQueue::new(self.entries, setup.limits.in_capsule as u32);
         let mut waiting: VecDeque<Action> = VecDeque::new();
         let mut wcs = vec![ferroce::empty_wc(); 32];
