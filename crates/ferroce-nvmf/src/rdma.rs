@@ -6,9 +6,11 @@
 //! - [`target`]: the target's queues, a thread each, over a shared [`crate::controllers::Target`];
 //! - [`wire`]: the target's queues connected through IB CM on the wire, as the Linux kernel's
 //!   host connects them;
-//! - [`initiator`]: the host's controller bring-up and I/O queues.
+//! - [`initiator`]: the host's controller bring-up and I/O queues;
+//! - [`wire_host`]: the host's queues connected through IB CM on the wire (kernel targets).
 
 pub mod exchange;
 pub mod initiator;
 pub mod target;
 pub mod wire;
+pub mod wire_host;

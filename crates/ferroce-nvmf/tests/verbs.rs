@@ -14,7 +14,7 @@ use ferroce_nvmf::command::{io, Command};
 use ferroce_nvmf::completion::Status;
 use ferroce_nvmf::controllers::{Subsystem, Target, TargetConfig};
 use ferroce_nvmf::namespace::{MemoryBacking, Namespace};
-use ferroce_nvmf::rdma::initiator::{Controller, HostError, HostOptions, Queue};
+use ferroce_nvmf::rdma::initiator::{Controller, HostCm, HostError, HostOptions, Queue};
 use ferroce_nvmf::rdma::target::{Counters, QueueLimits, Server};
 use ferroce_nvmf::sgl::Sgl;
 
@@ -100,6 +100,7 @@ fn host(addr: SocketAddr, n: u8) -> (Controller, Queue) {
             io_queue_entries: 16,
             max_transfer: 65536,
             timeout: Duration::from_secs(10),
+            cm: HostCm::Tcp,
         },
     )
     .unwrap();
@@ -234,6 +235,7 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
             io_queue_entries: 16,
             max_transfer: 4096,
             timeout: Duration::from_secs(10),
+            cm: HostCm::Tcp,
         },
     );
     match r {
@@ -257,6 +259,7 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
             io_queue_entries: 16,
             max_transfer: 4096,
             timeout: Duration::from_secs(10),
+            cm: HostCm::Tcp,
         },
     )
     .and_then(|mut c| {

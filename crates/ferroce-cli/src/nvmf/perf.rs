@@ -10,7 +10,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use ferroce_nvmf::rdma::initiator::{Controller, HostOptions, Queue};
+use ferroce_nvmf::rdma::initiator::{Controller, HostCm, HostOptions, Queue};
+use ferroce_nvmf::rdma::wire_host::WireHost;
 
 /// The workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -58,6 +59,22 @@ pub struct PerfArgs {
     /// Write the working set first, then check every read against what was written.
     #[arg(long)]
     verify: bool,
+    /// How queues connect: ib (IB CM on the wire, as the kernel's rdma_cm: kernel targets and
+    /// RDMA NICs), tcp (ferroce's exchange: ferroce targets, also on this host), or auto (tcp
+    /// where the target's TCP port answers, else ib).
+    #[arg(long, value_enum, default_value_t = CmChoice::Auto)]
+    cm: CmChoice,
+}
+
+/// `--cm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CmChoice {
+    /// TCP where it answers, else the wire.
+    Auto,
+    /// ferroce's TCP exchange.
+    Tcp,
+    /// IB CM on the wire.
+    Ib,
 }
 
 struct Rng(u64);
@@ -214,8 +231,24 @@ pub fn run(args: &PerfArgs) -> Result<ExitCode, String> {
         io_queue_entries: args.qd + 1,
         max_transfer: args.bs,
         timeout: Duration::from_secs(10),
+        cm: HostCm::Tcp,
     };
     let target = SocketAddr::new(args.target, args.port);
+    let tcp = match args.cm {
+        CmChoice::Tcp => true,
+        CmChoice::Ib => false,
+        CmChoice::Auto => {
+            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).is_ok()
+        }
+    };
+    let cm = if tcp {
+        HostCm::Tcp
+    } else {
+        HostCm::Wire(
+            WireHost::open(&ctx).map_err(|e| format!("starting the IB CM on {local}: {e}"))?,
+        )
+    };
+    let options = HostOptions { cm, ..options };
     let mut ctrl = Controller::connect(ctx, target, options)
         .map_err(|e| format!("connecting to {target}: {e}"))?;
     let ns = ctrl.namespace;

@@ -18,6 +18,7 @@ use ferroce::{
 };
 
 use super::exchange::{self, ExchangeError};
+use super::wire_host::{WireConn, WireHost};
 use crate::cm::{CmRequest, RECFMT};
 use crate::command::{admin, io, Command, SQE_LEN};
 use crate::completion::{Completion, Status, CQE_LEN};
@@ -78,6 +79,32 @@ pub struct HostOptions {
     pub max_transfer: usize,
     /// How long a command may wait for its response.
     pub timeout: Duration,
+    /// How queues connect.
+    pub cm: HostCm,
+}
+
+/// How the host's queues connect to the target.
+#[derive(Clone)]
+pub enum HostCm {
+    /// The TCP exchange of ferroce targets ([`super::exchange`]).
+    Tcp,
+    /// IB CM on the wire, as rdma_cm connects (kernel targets, RDMA NICs).
+    Wire(Arc<WireHost>),
+}
+
+impl std::fmt::Debug for HostCm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostCm::Tcp => "Tcp",
+            HostCm::Wire(_) => "Wire",
+        })
+    }
+}
+
+/// A queue's connection: closing it disconnects the queue.
+enum Link {
+    Tcp(#[allow(dead_code)] TcpStream),
+    Wire(WireConn),
 }
 
 /// What the controller's Identify said of namespace 1.
@@ -111,7 +138,7 @@ pub struct Queue {
     cq: CompletionQueue,
     channel: CompletionChannel,
     /// The queue's connection: closing it disconnects the queue.
-    _conn: TcpStream,
+    link: Link,
     host: HostQueue<usize>,
     /// Submission queue entries.
     entries: u16,
@@ -125,8 +152,10 @@ pub struct Queue {
 const ADMIN_ENTRIES: u16 = 32;
 
 impl Queue {
+    #[allow(clippy::too_many_arguments)]
     fn connect(
         ctx: &Context,
+        cm: &HostCm,
         target: SocketAddr,
         qid: u16,
         entries: u16,
@@ -166,10 +195,6 @@ impl Queue {
                 sgl: vec![responses.sge(i * CQE_LEN, CQE_LEN)?],
             })?;
         }
-        let mut conn = TcpStream::connect_timeout(&target, timeout)?;
-        conn.set_read_timeout(Some(timeout))?;
-        conn.set_nodelay(true)?;
-        let local = qp.endpoint_info(Psn::new(qp.qpn() ^ 0x3c3c), None);
         let req = CmRequest {
             recfmt: RECFMT,
             qid,
@@ -177,13 +202,23 @@ impl Queue {
             hsqsize: entries - 1,
             cntlid: CNTLID_DYNAMIC,
         };
-        let (_, peer) = exchange::request(&mut conn, &req, &local)?;
-        qp.connect(&local, &peer, &ConnectOptions::default())?;
+        let link = match cm {
+            HostCm::Tcp => {
+                let mut conn = TcpStream::connect_timeout(&target, timeout)?;
+                conn.set_read_timeout(Some(timeout))?;
+                conn.set_nodelay(true)?;
+                let local = qp.endpoint_info(Psn::new(qp.qpn() ^ 0x3c3c), None);
+                let (_, peer) = exchange::request(&mut conn, &req, &local)?;
+                qp.connect(&local, &peer, &ConnectOptions::default())?;
+                Link::Tcp(conn)
+            }
+            HostCm::Wire(host) => Link::Wire(host.connect(&qp, target, &req, timeout)?.0),
+        };
         Ok(Queue {
             qp,
             cq,
             channel,
-            _conn: conn,
+            link,
             host: HostQueue::new(qid, entries),
             entries,
             responses,
@@ -269,6 +304,13 @@ impl Queue {
             }
             if !out.is_empty() || Instant::now() >= deadline {
                 return Ok(out);
+            }
+            if let Link::Wire(w) = &self.link {
+                if w.disconnected() {
+                    return Err(HostError::Protocol(
+                        "the target disconnected the queue".into(),
+                    ));
+                }
             }
             if n == 0 {
                 self.cq.req_notify(false)?;
@@ -364,6 +406,7 @@ impl Controller {
     pub fn connect(ctx: Arc<Context>, target: SocketAddr, options: HostOptions) -> Result<Self> {
         let mut admin = Queue::connect(
             &ctx,
+            &options.cm,
             target,
             0,
             ADMIN_ENTRIES,
@@ -378,7 +421,10 @@ impl Controller {
             // EN, I/O submission entries of 64 bytes, completion entries of 16.
             value: 4 << 20 | 6 << 16 | 1,
         };
-        admin.run("Property Set CC", cc.command(0, true).map_err(proto)?)?;
+        admin.run(
+            "Property Set CC",
+            without_data(cc.command(0, true).map_err(proto)?)?,
+        )?;
         let deadline = Instant::now() + options.timeout;
         loop {
             let get = Property {
@@ -386,7 +432,10 @@ impl Controller {
                 eight_bytes: false,
                 value: 0,
             };
-            let c = admin.run("Property Get CSTS", get.command(0, false).map_err(proto)?)?;
+            let c = admin.run(
+                "Property Get CSTS",
+                without_data(get.command(0, false).map_err(proto)?)?,
+            )?;
             if c.result & 1 == 1 {
                 break;
             }
@@ -417,7 +466,7 @@ impl Controller {
         .map_err(proto)?;
         set.cdw[0] = 0x07; // Number of Queues: one I/O queue each way.
         set.cdw[1] = 0;
-        admin.run("Set Features (number of queues)", set)?;
+        admin.run("Set Features (number of queues)", without_data(set)?)?;
         Ok(Controller {
             ctx,
             target,
@@ -438,6 +487,7 @@ impl Controller {
         let entries = self.options.io_queue_entries.max(2);
         let mut q = Queue::connect(
             &self.ctx,
+            &self.options.cm,
             self.target,
             qid,
             entries,
@@ -463,7 +513,7 @@ impl Controller {
             Sgl::InCapsule { offset: 0, len: 0 },
         )
         .map_err(proto)?;
-        self.admin.run("Keep Alive", cmd).map(|_| ())
+        self.admin.run("Keep Alive", without_data(cmd)?).map(|_| ())
     }
 }
 
@@ -475,6 +525,20 @@ impl Queue {
         self.run("Identify", cmd)?;
         self.slot_bytes(0, identify::PAGE)
     }
+}
+
+/// `cmd` pointing at no data as Linux's host does it: a keyed data block of length 0 (a target
+/// such as the kernel's takes an in-capsule descriptor only for commands that write).
+fn without_data(mut cmd: Command) -> Result<Command> {
+    Sgl::Keyed {
+        addr: 0,
+        len: 0,
+        key: 0,
+        invalidate: false,
+    }
+    .write(&mut cmd.dptr)
+    .map_err(proto)?;
+    Ok(cmd)
 }
 
 fn proto(e: impl std::fmt::Display) -> HostError {
