@@ -592,6 +592,76 @@ NFT
 check "rdmacm_lost_req_rep_rtu_host_client" cm_loss client out:0x0010 in:0x0013 out:0x0014
 check "rdmacm_lost_rep_host_server" cm_loss server out:0x0013
 
+# ---- 3e. NVMe over Fabrics: the guest's kernel host against ferroce's target, ferroce's host
+# against the kernel's target (nvmet-rdma in the other guest) ------------------------------------
+NQN_F=nqn.2026-11.io.ferroce:live
+NQN_K=nqn.2026-11.io.ferroce:kernel
+# nvdev NQN (in a guest): the block device of the namespace 1 of the subsystem NQN connects to.
+NVDEV='nvdev() { local b; for b in /sys/block/nvme*n1; do case ${b##*/} in *c*) continue ;; esac; [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$1" ] && { echo /dev/${b##*/}; return; }; done; }'
+# nvmf_target_start FILE: ferroce's target on the host, serving FILE; nvmf_target_stop: SIGINT,
+# and every queue it opened must be closed.
+nvmf_target_start() {
+  "$F" nvmf-target --nqn $NQN_F --listen $H --port 4420 "$1" > "$OUT/nvmf_target.log" 2>&1 &
+  NVMF_TP=$!; wait_listen 4420
+}
+nvmf_target_stop() {
+  kill -INT "$NVMF_TP" 2>/dev/null; wait "$NVMF_TP"; local rc=$?
+  cat "$OUT/nvmf_target.log"
+  local line; line=$(grep "queues opened" "$OUT/nvmf_target.log")
+  [ $rc -eq 0 ] && [ -n "$line" ] &&
+    awk '{for (i=1;i<NF;i++) { if ($i=="opened") o=$(i+1); if ($i=="closed") c=$(i+1) }} END { exit !(o > 0 && o == c+0) }' <<< "${line//,/ }"
+}
+# The guest connects (after `nvme discover` lists the subsystem), fio writes and verifies
+# (random 4 KiB, then sequential 1 MiB; crc32c), a known 4 MiB goes to 56 MiB, and it
+# disconnects; the host then reads those bytes from the backing file.
+nvmf_guest_fio() {
+  local img=$OUT/nvmf.img sizes=${1:-full}
+  rm -f "$img"; truncate -s 64M "$img"
+  nvmf_target_start "$img"
+  local fio_seq="fio --name=seq --filename=\$d --rw=write --bs=1M --offset=16M --size=32M --direct=1 --ioengine=libaio --iodepth=4 --verify=crc32c --do_verify=1"
+  local fio_rand="fio --name=rand --filename=\$d --rw=randwrite --bs=4k --size=16M --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --do_verify=1"
+  # Under loss every SEND whose ACK is lost, when nothing follows it, waits for the kernel
+  # host's retransmission timer (about 2 s: rdma_cm's packet life time for RoCE), so the lossy
+  # run moves less.
+  [ "$sizes" = small ] && { fio_rand=${fio_rand/--size=16M/--size=256K}; fio_seq=${fio_seq/--size=32M/--size=2M}; }
+  gexec 0 "$NVDEV
+modprobe nvme-rdma || exit 1
+nvme disconnect -n $NQN_F > /dev/null 2>&1
+nvme discover -t rdma -a $H -s 4420 | tee /tmp/disc | grep -q 'subnqn: *$NQN_F' || { cat /tmp/disc; exit 1; }
+nvme connect -t rdma -a $H -s 4420 -n $NQN_F || exit 1
+i=0; while [ -z \"\$(nvdev $NQN_F)\" ] && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
+d=\$(nvdev $NQN_F); echo \"device \$d\"
+rc=0; [ -n \"\$d\" ] || { ls -l /sys/block; nvme disconnect -n $NQN_F; exit 1; }
+$fio_rand > /tmp/fio_rand.log 2>&1 || rc=1; grep -E 'err=|IOPS=|verify' /tmp/fio_rand.log | head -6
+$fio_seq > /tmp/fio_seq.log 2>&1 || rc=1; grep -E 'err=|IOPS=|verify' /tmp/fio_seq.log | head -6
+head -c 4194304 /dev/urandom > /tmp/pat && dd if=/tmp/pat of=\$d bs=1M seek=56 oflag=direct status=none || rc=1
+sha256sum < /tmp/pat | cut -d' ' -f1 > /share/out/nvmf_pat.sha
+nvme disconnect -n $NQN_F | grep -q 'disconnected 1' || rc=1
+exit \$rc" 600 || { nvmf_target_stop; return 1; }
+  nvmf_target_stop || return 1
+  local want got
+  want=$(cat "$RUN/vm0/out/nvmf_pat.sha"); got=$(dd if="$img" bs=1M skip=56 count=4 status=none | sha256sum | cut -d' ' -f1)
+  echo "the guest wrote $want at 56 MiB; the host's backing file holds $got"
+  [ -n "$want" ] && [ "$want" = "$got" ]
+}
+check "nvmf_kernel_host_discover_connect_fio_verify_ferroce_target" nvmf_guest_fio
+# nvmet-rdma in vm1 over a RAM disk (brd), configured through configfs, once.
+NVMET_UP="modprobe brd rd_nr=1 rd_size=65536 && modprobe nvmet-rdma || exit 1
+mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+cd /sys/kernel/config/nvmet || exit 1
+[ -d subsystems/$NQN_K ] && exit 0
+mkdir subsystems/$NQN_K && echo 1 > subsystems/$NQN_K/attr_allow_any_host &&
+mkdir subsystems/$NQN_K/namespaces/1 && echo -n /dev/ram0 > subsystems/$NQN_K/namespaces/1/device_path &&
+echo 1 > subsystems/$NQN_K/namespaces/1/enable && mkdir ports/1 && echo rdma > ports/1/addr_trtype &&
+echo ipv4 > ports/1/addr_adrfam && echo $VM1_IP > ports/1/addr_traddr && echo 4420 > ports/1/addr_trsvcid &&
+ln -s /sys/kernel/config/nvmet/subsystems/$NQN_K ports/1/subsystems/$NQN_K"
+nvmf_perf_kernel_target() {
+  gexec 1 "$NVMET_UP" 60 || return 1
+  "$F" nvmf-perf --cm ib --target $VM1_IP --nqn $NQN_K --rw randrw --bs 4k --qd 8 --time 2 --size 16M --verify || return 1
+  "$F" nvmf-perf --cm ib --target $VM1_IP --nqn $NQN_K --rw read --bs 1M --qd 2 --time 2 --size 32M --verify
+}
+check "nvmf_ferroce_host_perf_verify_kernel_nvmet_rdma_target" nvmf_perf_kernel_target
+
 # ---- 4. RNR NAK, each way ----------------------------------------------------------------------
 # The server posts its receives 300 ms late: the first SEND draws an RNR NAK and is retried.
 rnr_client() { imm_client -r && [ "$(counter "$OUT/imm_c-r.out" rcvd_rnr_err)" -ge 1 ]; }
@@ -627,6 +697,7 @@ check "loss5_read_bw_ferroce_client_read_retry" lossy read_bw "-s 16384 -n 100" 
 check "loss5_read_bw_ferroce_server_reserves" lossy read_bw "-s 16384 -n 100" 16384 server duplicate_request
 check "loss5_atomic_lat_ferroce_client_retries" lossy atomic_lat "-n 300" 8 client retransmits
 check "loss5_atomic_lat_ferroce_server_replays" lossy atomic_lat "-n 300" 8 server duplicate_request
+check "loss5_nvmf_kernel_host_fio_verify_ferroce_target" nvmf_guest_fio small
 gexec 0 "$NETEM_OFF" > "$OUT/netem_off.log" 2>&1
 
 stop_capture "$OUT/live.pcap" 2>/dev/null; CAP_PID=
@@ -698,6 +769,6 @@ PY
 fi
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-expected=82
+expected=85
 [ -n "${LIVE_ONLY:-}" ] && expected=$((pass + ${#failed[@]}))
 summarize "$expected" "$secs"

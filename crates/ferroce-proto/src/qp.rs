@@ -102,6 +102,9 @@ pub(crate) struct Params {
     /// The peer keeps packets that arrive after a gap, and so does this side (negotiated; see
     /// [`QueuePair::set_selective_repeat`]).
     pub selective_repeat: bool,
+    /// This side's responder keeps requests that arrive after a gap, whatever the peer does
+    /// (see [`QueuePair::set_keep_out_of_order`]).
+    pub keep_out_of_order: bool,
     /// RC or UC, fixed at creation.
     pub service: Service,
 }
@@ -175,6 +178,7 @@ impl QueuePair {
                 unasked_run: 0,
                 cc: crate::cc::CcConfig::default(),
                 selective_repeat: false,
+                keep_out_of_order: false,
                 service,
             },
             caps,
@@ -400,7 +404,24 @@ impl QueuePair {
         let on = on && self.params.service == Service::Rc;
         self.params.selective_repeat = on;
         self.req.set_selective_repeat(on);
-        if !on {
+        if !on && !self.params.keep_out_of_order {
+            self.reorder.clear();
+        }
+    }
+
+    /// Lets this side's responder keep requests that arrive after a gap, toward any peer: the
+    /// gap is still NAKed as IBTA's go-back-N has it (a sequence error), and the peer sends
+    /// again from the gap, but once the missing packet arrives what was kept is taken at once
+    /// and acknowledged with it. To the peer that is indistinguishable from its resends
+    /// arriving without loss; it saves a peer whose resend of the packets after the gap is
+    /// lost too from waiting out its retransmission timer (a kernel initiator's is about 2 s
+    /// over RoCE, and Linux rxe 6.1 was seen not to fire it at all for the packet after a
+    /// NAKed gap, stalling an NVMe/RDMA queue until its 30 s I/O timeout). Without selective
+    /// repeat no SACK is sent. Allowed in any state.
+    pub fn set_keep_out_of_order(&mut self, on: bool) {
+        let on = on && self.params.service == Service::Rc;
+        self.params.keep_out_of_order = on;
+        if !on && !self.params.selective_repeat {
             self.reorder.clear();
         }
     }
@@ -598,7 +619,9 @@ impl QueuePair {
     ) -> Result<(), WireError> {
         let expected = self.resp.expected_psn();
         let at_expected = self.handle_one(now, mem, bytes, ce, false)?;
-        if !self.params.selective_repeat || self.reorder.is_empty() {
+        if !(self.params.selective_repeat || self.params.keep_out_of_order)
+            || self.reorder.is_empty()
+        {
             return Ok(());
         }
         if at_expected && self.resp.expected_psn() == expected {
@@ -628,7 +651,7 @@ impl QueuePair {
             // Another hole: report it now rather than when the next packet arrives, and what
             // is kept past it.
             self.resp.nak_gap(&mut self.counters);
-            self.sack_due = true;
+            self.sack_due = self.params.selective_repeat;
         }
         Ok(())
     }
@@ -694,19 +717,20 @@ impl QueuePair {
         let ahead = repr.bth.psn.signed_distance_from(self.resp.expected_psn());
         // Only what could be a packet of this path is kept: the buffer is bounded in bytes too.
         let fits = repr.payload_len <= self.params.mtu as usize;
-        if !is_response && ahead > 0 && self.params.selective_repeat && fits && !kept {
+        let keeps = self.params.selective_repeat || self.params.keep_out_of_order;
+        if !is_response && ahead > 0 && keeps && fits && !kept {
             match self
                 .reorder
                 .hold(self.resp.expected_psn(), repr.bth.psn, bytes)
             {
                 Ok(()) => {
                     self.counters.ooo_held += 1;
-                    self.sack_due = true;
+                    self.sack_due = self.params.selective_repeat;
                 }
                 Err(NotHeld::Duplicate) => {
                     // Sent again (a resend or a probe): the requester wants the news.
                     self.counters.ooo_dropped += 1;
-                    self.sack_due = true;
+                    self.sack_due = self.params.selective_repeat;
                 }
                 Err(NotHeld::OutOfReach) => self.counters.ooo_dropped += 1,
             }

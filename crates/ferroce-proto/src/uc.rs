@@ -230,6 +230,7 @@ mod tests {
             unasked_run: 0,
             cc: crate::cc::CcConfig::default(),
             selective_repeat: false,
+            keep_out_of_order: false,
             service: crate::attr::Service::Uc,
         };
         let mut counters = crate::counters::Counters::default();

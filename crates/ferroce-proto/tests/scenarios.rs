@@ -100,6 +100,22 @@ fn lossy_scenarios_with_selective_repeat_keep_every_promise() {
     );
 }
 
+/// Responders that keep what follows a gap, toward go-back-N requesters (a ferroce responder
+/// serving an IBTA peer): every promise holds, the requesters still go back (no SACK is ever
+/// sent), and the kept packets are taken.
+#[test]
+fn lossy_scenarios_with_responders_keeping_out_of_order_requests() {
+    let (ops, c) = run_seeds(1_000..3_000, |c| c.keep_out_of_order = true);
+    assert!(ops > 40_000, "{ops}");
+    assert!(
+        c.retransmits > 5_000,
+        "the faults must bite: {}",
+        c.retransmits
+    );
+    assert_eq!((c.sacks_sent, c.sr_retransmits), (0, 0), "{c:?}");
+    assert!(c.ooo_held > 1_000, "{c:?}");
+}
+
 #[test]
 fn heavy_loss_with_selective_repeat() {
     run_seeds(50_000..50_200, |c| {

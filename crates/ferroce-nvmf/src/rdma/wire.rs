@@ -111,6 +111,9 @@ impl State {
         if q.qp.connect(&local, &peer, &opts).is_err() {
             return self.reject(conn, CmRejectStatus::NoResources);
         }
+        // A kernel host's SEND after a lost one, resent after the NAK and lost again, would
+        // otherwise wait for its retransmission timer (see `set_keep_out_of_order`).
+        q.qp.set_keep_out_of_order(true);
         let accept = AcceptParams {
             qpn: q.qp.qpn(),
             starting_psn: receive_psn,

@@ -193,6 +193,8 @@ impl WireHost {
                 .command(|m, _| m.reject(conn, rej_reason::CONSUMER_DEFINED, &[]));
             return Err(e.into());
         }
+        // As the target's side does (see `wire`): what follows a gap is kept.
+        qp.set_keep_out_of_order(true);
         let disconnected = Arc::new(AtomicBool::new(false));
         lock(&self.mailbox.live).insert(conn, disconnected.clone());
         self.agent()

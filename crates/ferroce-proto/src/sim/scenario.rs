@@ -56,6 +56,10 @@ pub struct ScenarioConfig {
     /// Both ends keep packets that arrive after a gap and resend only the holes (see
     /// `QueuePair::set_selective_repeat`); off: go-back-N, as toward any IBTA peer.
     pub selective_repeat: bool,
+    /// Both responders keep requests that arrive after a gap while both requesters stay
+    /// go-back-N (see `QueuePair::set_keep_out_of_order`): how a ferroce responder serves an
+    /// IBTA peer.
+    pub keep_out_of_order: bool,
 }
 
 impl ScenarioConfig {
@@ -94,6 +98,7 @@ impl ScenarioConfig {
                 None
             },
             selective_repeat: false,
+            keep_out_of_order: false,
         }
     }
 }
@@ -251,10 +256,11 @@ pub fn run_with_trace(cfg: &ScenarioConfig, trace: bool) -> (ScenarioReport, Sim
         let psn_a = Psn::new(cfg.start_psn.unwrap_or(r.below(1 << 24) as u32));
         let psn_b = Psn::new(cfg.start_psn.unwrap_or(r.below(1 << 24) as u32));
         let (qa, qb) = connect_pair(&mut sim, nodes[0], nodes[1], cfg.mtu, rts, psn_a, psn_b);
-        if cfg.selective_repeat {
+        if cfg.selective_repeat || cfg.keep_out_of_order {
             for (n, q) in [(nodes[0], qa), (nodes[1], qb)] {
                 if let Some(qp) = sim.nodes[n].qps.get_mut(&q) {
-                    qp.set_selective_repeat(true);
+                    qp.set_selective_repeat(cfg.selective_repeat);
+                    qp.set_keep_out_of_order(cfg.keep_out_of_order);
                 }
             }
         }

@@ -306,6 +306,12 @@ impl QueuePair {
         self.shared.qp.lock().set_selective_repeat(on);
     }
 
+    /// Lets this QP's responder keep requests that arrive after a gap, toward any peer (see
+    /// `ferroce_proto::QueuePair::set_keep_out_of_order`).
+    pub fn set_keep_out_of_order(&self, on: bool) {
+        self.shared.qp.lock().set_keep_out_of_order(on);
+    }
+
     /// Whether selective repeat is on for this QP (see
     /// [`set_selective_repeat`](Self::set_selective_repeat)): what a connection negotiated, for
     /// those that report it (the drop-in libibverbs' `ibv_query_ece`).
