@@ -605,7 +605,10 @@ nvmf_target_start() {
   NVMF_TP=$!; wait_listen 4420
 }
 nvmf_target_stop() {
-  kill -INT "$NVMF_TP" 2>/dev/null; wait "$NVMF_TP"; local rc=$?
+  kill -INT "$NVMF_TP" 2>/dev/null
+  local i=0; while kill -0 "$NVMF_TP" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  kill -0 "$NVMF_TP" 2>/dev/null && { echo "nvmf-target did not end on SIGINT"; kill -9 "$NVMF_TP"; }
+  wait "$NVMF_TP"; local rc=$?
   cat "$OUT/nvmf_target.log"
   local line; line=$(grep "queues opened" "$OUT/nvmf_target.log")
   [ $rc -eq 0 ] && [ -n "$line" ] &&
@@ -649,10 +652,10 @@ check "nvmf_kernel_host_discover_connect_fio_verify_ferroce_target" nvmf_guest_f
 NVMET_UP="modprobe brd rd_nr=1 rd_size=65536 && modprobe nvmet-rdma || exit 1
 mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
 cd /sys/kernel/config/nvmet || exit 1
-[ -d subsystems/$NQN_K ] && exit 0
-mkdir subsystems/$NQN_K && echo 1 > subsystems/$NQN_K/attr_allow_any_host &&
-mkdir subsystems/$NQN_K/namespaces/1 && echo -n /dev/ram0 > subsystems/$NQN_K/namespaces/1/device_path &&
-echo 1 > subsystems/$NQN_K/namespaces/1/enable && mkdir ports/1 && echo rdma > ports/1/addr_trtype &&
+[ -L ports/1/subsystems/$NQN_K ] && exit 0
+mkdir -p subsystems/$NQN_K && echo 1 > subsystems/$NQN_K/attr_allow_any_host &&
+mkdir -p subsystems/$NQN_K/namespaces/1 && echo -n /dev/ram0 > subsystems/$NQN_K/namespaces/1/device_path &&
+echo 1 > subsystems/$NQN_K/namespaces/1/enable && mkdir -p ports/1 && echo rdma > ports/1/addr_trtype &&
 echo ipv4 > ports/1/addr_adrfam && echo $VM1_IP > ports/1/addr_traddr && echo 4420 > ports/1/addr_trsvcid &&
 ln -s /sys/kernel/config/nvmet/subsystems/$NQN_K ports/1/subsystems/$NQN_K"
 nvmf_perf_kernel_target() {

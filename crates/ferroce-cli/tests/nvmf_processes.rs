@@ -139,7 +139,8 @@ fn kill_a_host_mid_run(ns: Option<&str>, target: &str, port: u16) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Long enough to be connected and moving (a debug build on a busy machine included).
+    std::thread::sleep(Duration::from_millis(3000));
     assert!(victim.try_wait().unwrap().is_none(), "the host ended early");
     victim.kill().unwrap();
     victim.wait().unwrap();

@@ -226,6 +226,14 @@ impl Target {
             .unwrap_or_default()
     }
 
+    /// Any command of controller `cntlid` arrived: the Keep Alive Timer restarts (traffic-based
+    /// keep alive, which Identify advertises).
+    pub fn traffic(&mut self, cntlid: u16, now: Instant) {
+        if let Some(c) = self.controllers.get_mut(&cntlid) {
+            c.last_keep_alive = now;
+        }
+    }
+
     /// The controllers whose keep-alive timeout passed without a Keep Alive by `now`.
     pub fn expired(&self, now: Instant) -> Vec<u16> {
         self.controllers

@@ -61,9 +61,12 @@ pub fn controller(info: &ControllerInfo) -> Vec<u8> {
     b[77] = info.mdts;
     le::put_u16(&mut b, 78, info.cntlid);
     le::put_u32(&mut b, 80, crate::properties::VERSION);
-    // OAES: namespace attribute notices; CTRATT: 128-bit host identifier.
+    // OAES: namespace attribute notices; CTRATT: 128-bit host identifier, and traffic-based
+    // keep alive (bit 6: any command restarts the Keep Alive Timer, as the kernel's target
+    // does; over a lossy fabric a Keep Alive can wait out a retransmission timer while the
+    // queues move).
     le::put_u32(&mut b, 92, 1 << 8);
-    le::put_u32(&mut b, 96, 1);
+    le::put_u32(&mut b, 96, 1 | 1 << 6);
     b[111] = if info.discovery { 2 } else { 1 };
     b[258] = 3; // ACL: 4 Abort commands
     b[259] = 3; // AERL: 4 Asynchronous Event Requests

@@ -94,6 +94,9 @@ impl TargetQueue {
             return vec![Action::Close];
         };
         self.sq_head = (self.sq_head + 1) % self.sq_entries;
+        if let Some(b) = &self.binding {
+            target.traffic(b.cntlid, now);
+        }
         let sgl = match cmd.sgl() {
             Ok(s) => s,
             Err(_) => return self.respond(&cmd, None, Response::fail(Status::SGL_TYPE_INVALID)),

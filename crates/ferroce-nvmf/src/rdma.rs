@@ -3,12 +3,14 @@
 //!
 //! - [`exchange`]: how a ferroce host reaches a ferroce target's queue (over TCP, where the
 //!   IB CM on the wire cannot reach: the processes of one host share its address);
+//! - [`bounce`]: a target queue's bounce buffer (small slots per entry, a few large ones);
 //! - [`target`]: the target's queues, a thread each, over a shared [`crate::controllers::Target`];
 //! - [`wire`]: the target's queues connected through IB CM on the wire, as the Linux kernel's
 //!   host connects them;
 //! - [`initiator`]: the host's controller bring-up and I/O queues;
 //! - [`wire_host`]: the host's queues connected through IB CM on the wire (kernel targets).
 
+pub mod bounce;
 pub mod exchange;
 pub mod initiator;
 pub mod target;

@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroce::{Context, ContextOptions};
+use ferroce_nvmf::cm::CmRejectStatus;
 use ferroce_nvmf::command::{io, Command};
 use ferroce_nvmf::completion::Status;
 use ferroce_nvmf::controllers::{Subsystem, Target, TargetConfig};
 use ferroce_nvmf::namespace::{MemoryBacking, Namespace};
+use ferroce_nvmf::rdma::exchange::ExchangeError;
 use ferroce_nvmf::rdma::initiator::{Controller, HostCm, HostError, HostOptions, Queue};
 use ferroce_nvmf::rdma::target::{Counters, QueueLimits, Server};
 use ferroce_nvmf::sgl::Sgl;
@@ -80,6 +82,7 @@ fn start_target() -> (
             in_capsule: 4096,
             bounce_bytes: 1 << 20,
             max_queue_entries: 64,
+            max_queues: 8,
         },
     );
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -197,7 +200,11 @@ fn bytes_travel_both_ways_and_errors_get_their_status() {
     assert_eq!(one(&mut b, &ctrl_b, true, 40, 8), Status::SUCCESS);
     assert_eq!(one(&mut b, &ctrl_b, false, 40, 8), Status::SUCCESS);
     assert_eq!(b.slot_bytes(0, 4096).unwrap(), data);
-    assert!(counters.transport_errors.load(Ordering::Relaxed) >= 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters.transport_errors.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "{}", counters.summary());
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // A host that vanishes: its queues end with their connections, and a new host still
     // connects and reads what the first wrote.
     let opened = counters.queues_opened.load(Ordering::Relaxed);
@@ -272,5 +279,32 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
         too_deep.err()
     );
     assert_eq!(counters.queues_refused.load(Ordering::Relaxed), refused + 1);
+    // As many queues as the target allows (8: this host's two and three more hosts'), then
+    // the next is refused with "no resources" before anything is made for it.
+    let more: Vec<_> = (10..13).map(|n| host(addr, n)).collect();
+    let full = Controller::connect(
+        context(),
+        addr,
+        HostOptions {
+            hostnqn: "nqn.2026-11.io.ferroce:host13".into(),
+            host_id: [13; 16],
+            subnqn: NQN.into(),
+            io_queue_entries: 16,
+            max_transfer: 4096,
+            timeout: Duration::from_secs(10),
+            cm: HostCm::Tcp,
+        },
+    );
+    assert!(
+        matches!(
+            full,
+            Err(HostError::Exchange(ExchangeError::Rejected(
+                CmRejectStatus::NoResources
+            )))
+        ),
+        "{:?}",
+        full.err()
+    );
+    drop(more);
     stop.store(true, Ordering::Release);
 }

@@ -416,8 +416,9 @@ impl QueuePair {
     /// arriving without loss; it saves a peer whose resend of the packets after the gap is
     /// lost too from waiting out its retransmission timer (a kernel initiator's is about 2 s
     /// over RoCE, and Linux rxe 6.1 was seen not to fire it at all for the packet after a
-    /// NAKed gap, stalling an NVMe/RDMA queue until its 30 s I/O timeout). Without selective
-    /// repeat no SACK is sent. Allowed in any state.
+    /// NAKed gap, stalling an NVMe/RDMA queue until its 30 s I/O timeout). Only SENDs and
+    /// WRITEs are kept (a READ or atomic answered early would meet a requester that went
+    /// back). Without selective repeat no SACK is sent. Allowed in any state.
     pub fn set_keep_out_of_order(&mut self, on: bool) {
         let on = on && self.params.service == Service::Rc;
         self.params.keep_out_of_order = on;
@@ -717,7 +718,12 @@ impl QueuePair {
         let ahead = repr.bth.psn.signed_distance_from(self.resp.expected_psn());
         // Only what could be a packet of this path is kept: the buffer is bounded in bytes too.
         let fits = repr.payload_len <= self.params.mtu as usize;
-        let keeps = self.params.selective_repeat || self.params.keep_out_of_order;
+        // Toward a go-back-N requester only SENDs and WRITEs are kept: a READ or atomic answered
+        // from the buffer would reach a requester that went back and drops responses it has
+        // not asked for again, and the ACKs after it would then pass an unanswered READ.
+        let keeps = self.params.selective_repeat
+            || (self.params.keep_out_of_order
+                && matches!(info.operation, Operation::Send | Operation::RdmaWrite));
         if !is_response && ahead > 0 && keeps && fits && !kept {
             match self
                 .reorder

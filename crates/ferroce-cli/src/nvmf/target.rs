@@ -124,8 +124,10 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
         QueueLimits {
             max_transfer: 4096 << args.mdts,
             in_capsule: 8192,
-            bounce_bytes: 16 << 20,
+            // Four of the largest transfer per I/O queue, beside a 16 KiB slot per entry.
+            bounce_bytes: 4 << 20,
             max_queue_entries: 128,
+            max_queues: 64,
         },
     );
     // Kernel hosts connect through IB CM on the wire (QP1 of this context); ferroce hosts
@@ -164,8 +166,14 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
         .map_err(|e| format!("serving: {e}"))?;
     let _ = watcher.join();
     drop(wire);
-    // Queues see the flag within their idle look; give them that long to end.
-    std::thread::sleep(Duration::from_millis(200));
+    // Queues see the flag within their idle look: wait until every one opened has ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while counters.queues_closed.load(Ordering::Acquire)
+        < counters.queues_opened.load(Ordering::Acquire)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     println!("nvmf-target: {}", counters.summary());
     Ok(ExitCode::SUCCESS)
 }

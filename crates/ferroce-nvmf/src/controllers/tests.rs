@@ -203,7 +203,14 @@ fn keep_alive_holds_a_controller_and_its_absence_ends_it() {
         .is_success());
     assert!(t.expired(t1 + Duration::from_millis(1_900)).is_empty());
     assert_eq!(t.expired(t1 + Duration::from_millis(2_100)), vec![cntlid]);
-    // Held event requests, up to the limit, come back when the controller ends.
+    // Traffic-based keep alive: any command of the controller restarts the timer (Identify
+    // says so in CTRATT bit 6).
+    let t2 = t1 + Duration::from_millis(1_800);
+    t.traffic(cntlid, t2);
+    assert!(t.expired(t2 + Duration::from_millis(1_900)).is_empty());
+    assert_eq!(t.expired(t2 + Duration::from_millis(2_100)), vec![cntlid]);
+    t.traffic(0x7777, t2); // No such controller: nothing happens.
+                           // Held event requests, up to the limit, come back when the controller ends.
     let aer = cmd(admin::ASYNC_EVENT_REQUEST, 0, 0, 0);
     for _ in 0..AER_LIMIT {
         assert_eq!(t.admin(t1, cntlid, &aer, 0, &[]), Outcome::Held);

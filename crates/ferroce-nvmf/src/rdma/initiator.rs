@@ -447,7 +447,8 @@ impl Controller {
         let ctrl = admin.identify(0, identify::cns::CONTROLLER)?;
         let mdts = ctrl[77];
         // MPSMIN is 4 KiB (CAP.MPSMIN 0) on the targets this host reaches.
-        let max_transfer = (mdts != 0).then(|| 4096usize << mdts);
+        // A value past what any transfer could be (a hostile target's) is no limit.
+        let max_transfer = (1..=20).contains(&mdts).then(|| 4096usize << mdts);
         let ns = admin.identify(1, identify::cns::NAMESPACE)?;
         let blocks = u64::from_le_bytes(ns[0..8].try_into().expect("8 bytes"));
         let lbaf = usize::from(ns[26] & 0xf);

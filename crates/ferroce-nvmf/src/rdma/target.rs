@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use ferroce::{
     Psn, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
+use super::bounce::Bounce;
 use super::exchange::{self, Answer};
 use crate::cm::{CmAccept, CmRejectStatus, CmRequest, RECFMT};
 use crate::command::SQE_LEN;
@@ -83,10 +84,14 @@ pub struct QueueLimits {
     pub bounce_bytes: usize,
     /// Most entries a queue may have.
     pub max_queue_entries: u16,
+    /// Most queues alive at once (all hosts together): past it a queue is refused with
+    /// "no resources" before anything is made for it.
+    pub max_queues: usize,
 }
 
 /// A serving target: its controllers, verbs context and counters.
 pub struct Server {
+    live: Arc<AtomicUsize>,
     ctx: Arc<Context>,
     target: Arc<Mutex<Target>>,
     limits: QueueLimits,
@@ -102,6 +107,7 @@ impl Server {
     /// A server of `target`'s controllers on `ctx`.
     pub fn new(ctx: Arc<Context>, target: Target, limits: QueueLimits) -> Server {
         Server {
+            live: Arc::new(AtomicUsize::new(0)),
             ctx,
             target: Arc::new(Mutex::new(target)),
             limits,
@@ -123,6 +129,7 @@ impl Server {
     /// What a new queue's thread starts from.
     pub(super) fn setup(&self) -> QueueSetup {
         QueueSetup {
+            live: self.live.clone(),
             ctx: self.ctx.clone(),
             target: self.target.clone(),
             limits: self.limits,
@@ -157,6 +164,7 @@ impl Server {
 /// What a queue's thread starts from.
 #[derive(Clone)]
 pub(super) struct QueueSetup {
+    pub(super) live: Arc<AtomicUsize>,
     pub(super) ctx: Arc<Context>,
     pub(super) target: Arc<Mutex<Target>>,
     pub(super) limits: QueueLimits,
@@ -179,7 +187,27 @@ pub(super) fn check_request(req: &CmRequest, limits: &QueueLimits) -> Result<u16
     Ok(entries as u16)
 }
 
+/// A queue's place among the live ones, given back when dropped.
+pub(super) struct QueueTicket(Arc<AtomicUsize>);
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl QueueSetup {
+    /// A place for one more queue, unless as many as the limits allow are alive.
+    pub(super) fn ticket(&self) -> Option<QueueTicket> {
+        let max = self.limits.max_queues;
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| QueueTicket(self.live.clone()))
+    }
+
     fn run_tcp(self, mut stream: TcpStream) {
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
         let Ok((req, host)) = exchange::read_request(&mut stream) else {
@@ -193,7 +221,12 @@ impl QueueSetup {
                 return;
             }
         };
-        let q = match RdmaQueue::new(&self, entries) {
+        let Some(_ticket) = self.ticket() else {
+            self.counters.queues_refused.fetch_add(1, Ordering::Relaxed);
+            let _ = exchange::answer(&mut stream, &Answer::Reject(CmRejectStatus::NoResources));
+            return;
+        };
+        let q = match RdmaQueue::new(&self, entries, req.qid == 0) {
             Ok(q) => q,
             Err(_) => {
                 self.counters.queues_refused.fetch_add(1, Ordering::Relaxed);
@@ -258,15 +291,13 @@ pub(super) struct RdmaQueue {
     channel: CompletionChannel,
     recv: MemoryRegion,
     recv_slot: usize,
-    bounce: MemoryRegion,
-    slot_len: usize,
-    free_slots: Vec<usize>,
+    bounce: Bounce,
     /// The length of the READ each slot was last given to.
     read_len: Vec<usize>,
 }
 
 impl RdmaQueue {
-    pub(super) fn new(setup: &QueueSetup, entries: u16) -> ferroce::Result<RdmaQueue> {
+    pub(super) fn new(setup: &QueueSetup, entries: u16, admin: bool) -> ferroce::Result<RdmaQueue> {
         let ctx = &setup.ctx;
         let n = usize::from(entries);
         let pd = ctx.alloc_pd()?;
@@ -284,9 +315,15 @@ impl RdmaQueue {
         ))?;
         let recv_slot = SQE_LEN + setup.limits.in_capsule;
         let recv = pd.alloc_mr(recv_slot * n, Access::LOCAL_WRITE)?;
-        let slot_len = setup.limits.max_transfer.max(4096);
-        let slots = (setup.limits.bounce_bytes / slot_len).clamp(1, n);
-        let bounce = pd.alloc_mr(slot_len * slots, Access::LOCAL_WRITE)?;
+        // The admin queue moves a page at a time; an I/O queue gets a small slot per entry and
+        // as many of the largest transfer as the limits allow.
+        let large = if admin {
+            1
+        } else {
+            (setup.limits.bounce_bytes / setup.limits.max_transfer.max(1)).clamp(1, n)
+        };
+        let small = if admin { 0 } else { n };
+        let bounce = Bounce::new(&pd, small, large, setup.limits.max_transfer)?;
         // Receives are posted in INIT, before the host can send.
         qp.modify_to_init(&InitAttr {
             access: TARGET_QP_ACCESS,
@@ -305,10 +342,8 @@ impl RdmaQueue {
             channel,
             recv,
             recv_slot,
+            read_len: vec![0; small + large],
             bounce,
-            slot_len,
-            free_slots: (0..slots).rev().collect(),
-            read_len: vec![0; slots],
         })
     }
 
@@ -415,8 +450,8 @@ impl RdmaQueue {
                 // A READ's completion need not carry its length (the verbs define byte_len for
                 // receives): the length asked for is kept with the slot.
                 let len = self.read_len.get(slot).copied().unwrap_or(0);
-                let data = self.bounce.to_vec(slot * self.slot_len, len).ok();
-                self.free_slots.push(slot);
+                let data = self.bounce.read(slot, len).ok();
+                self.bounce.give(slot);
                 setup
                     .counters
                     .bytes_from_hosts
@@ -424,7 +459,7 @@ impl RdmaQueue {
                 Some(tq.read_done(Instant::now(), &mut lock(&setup.target), tag, data))
             }
             wr::WRITE => {
-                self.free_slots.push(slot);
+                self.bounce.give(slot);
                 Some(Vec::new())
             }
             _ => Some(Vec::new()),
@@ -434,9 +469,19 @@ impl RdmaQueue {
     /// Posts what can go now, in order; `false` ends the queue.
     fn start(&mut self, setup: &QueueSetup, waiting: &mut VecDeque<Action>) -> bool {
         while let Some(a) = waiting.front() {
-            let needs_slot = matches!(a, Action::Read { .. } | Action::Write { .. });
-            if needs_slot && self.free_slots.is_empty() {
-                return true;
+            let needs = match a {
+                Action::Read { len, .. } => Some(*len as usize),
+                Action::Write { data, .. } => Some(data.len()),
+                _ => None,
+            };
+            if let Some(len) = needs {
+                // Larger than any transfer the controller announced: the host broke MDTS.
+                if len > self.bounce.max_len() {
+                    return false;
+                }
+                if !self.bounce.has_room(len) {
+                    return true;
+                }
             }
             let a = waiting.pop_front().expect("looked at");
             let posted = match a {
@@ -446,32 +491,24 @@ impl RdmaQueue {
                     key,
                     len,
                 } => {
-                    if len as usize > self.slot_len {
-                        return false;
-                    }
-                    let slot = self.free_slots.pop().expect("checked");
+                    let slot = self.bounce.take(len as usize).expect("checked");
                     self.read_len[slot] = len as usize;
-                    self.bounce
-                        .sge(slot * self.slot_len, len as usize)
-                        .and_then(|sge| {
-                            self.qp.post_send(
-                                SendWr::new(wr::id(wr::READ, slot, tag), SendOp::Read, vec![sge])
-                                    .remote(addr, key),
-                            )
-                        })
+                    self.bounce.sge(slot, len as usize).and_then(|sge| {
+                        self.qp.post_send(
+                            SendWr::new(wr::id(wr::READ, slot, tag), SendOp::Read, vec![sge])
+                                .remote(addr, key),
+                        )
+                    })
                 }
                 Action::Write { addr, key, data } => {
-                    if data.len() > self.slot_len {
-                        return false;
-                    }
-                    let slot = self.free_slots.pop().expect("checked");
+                    let slot = self.bounce.take(data.len()).expect("checked");
                     setup
                         .counters
                         .bytes_to_hosts
                         .fetch_add(data.len() as u64, Ordering::Relaxed);
                     self.bounce
-                        .write(slot * self.slot_len, &data)
-                        .and_then(|()| self.bounce.sge(slot * self.slot_len, data.len()))
+                        .write(slot, &data)
+                        .and_then(|()| self.bounce.sge(slot, data.len()))
                         .and_then(|sge| {
                             self.qp.post_send(
                                 SendWr::new(wr::id(wr::WRITE, slot, 0), SendOp::Write, vec![sge])

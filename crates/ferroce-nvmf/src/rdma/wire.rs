@@ -85,7 +85,10 @@ impl State {
         let Ok(mtu) = PathMtu::from_bytes(128u32 << req.path_mtu.min(5)) else {
             return self.reject(conn, CmRejectStatus::NoResources);
         };
-        let Ok(q) = RdmaQueue::new(&self.setup, entries) else {
+        let Some(ticket) = self.setup.ticket() else {
+            return self.reject(conn, CmRejectStatus::NoResources);
+        };
+        let Ok(q) = RdmaQueue::new(&self.setup, entries, nvme.qid == 0) else {
             return self.reject(conn, CmRejectStatus::NoResources);
         };
         // Each side names in its message the PSN it receives from first: the REQ's is where
@@ -133,7 +136,7 @@ impl State {
             self.command(|m, now| m.accept(now, conn, accept)),
             Some(Ok(()))
         ) {
-            return;
+            return self.reject(conn, CmRejectStatus::NoResources);
         }
         let ended = Arc::new(AtomicBool::new(false));
         lock(&self.queues).insert(conn, ended.clone());
@@ -145,6 +148,7 @@ impl State {
         let spawned = std::thread::Builder::new()
             .name("nvmf-queue".into())
             .spawn(move || {
+                let _ticket = ticket;
                 let setup = state.setup.clone();
                 q.run(&setup, &mut || ended.load(Ordering::Acquire));
                 setup.counters.queues_closed.fetch_add(1, Ordering::Relaxed);
@@ -185,11 +189,17 @@ impl Server {
             setup,
             queues: Mutex::new(HashMap::new()),
         });
-        let sink_state = state.clone();
+        // The agent's callback holds the state weakly: the state owns the agent, and the
+        // listener's end drops both.
+        let sink_state = Arc::downgrade(&state);
         let agent = CmAgent::start(
             manager,
             Box::new(gsi),
-            Box::new(move |e| sink_state.on_event(e)),
+            Box::new(move |e| {
+                if let Some(s) = sink_state.upgrade() {
+                    s.on_event(e)
+                }
+            }),
         )?;
         let _ = state.agent.set(agent);
         Ok(WireListener { state })

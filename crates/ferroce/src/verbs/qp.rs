@@ -219,6 +219,7 @@ impl QueuePair {
         // The next peer may be anyone.
         self.set_peer_small_identifications(false);
         self.set_selective_repeat(false);
+        self.set_keep_out_of_order(false);
         if let Some(shm) = &self.shared.shm {
             shm.unlink(Link::Off);
         }
