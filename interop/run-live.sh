@@ -626,7 +626,7 @@ nvmf_guest_fio() {
   # Under loss every SEND whose ACK is lost, when nothing follows it, waits for the kernel
   # host's retransmission timer (about 2 s: rdma_cm's packet life time for RoCE), so the lossy
   # run moves less.
-  [ "$sizes" = small ] && { fio_rand=${fio_rand/--size=16M/--size=256K}; fio_seq=${fio_seq/--size=32M/--size=2M}; }
+  [ "$sizes" = small ] && { fio_rand=${fio_rand/--size=16M/--size=64K}; fio_seq=${fio_seq/--size=32M/--size=2M}; }
   gexec 0 "$NVDEV
 modprobe nvme-rdma || exit 1
 nvme disconnect -n $NQN_F > /dev/null 2>&1
