@@ -186,23 +186,6 @@ fn a_killed_rank_fails_the_others_within_the_timeout() {
     }
 }
 
-/// Runs `ip args`, failing the test on error.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(out.status.success(), "ip {args:?}: {}", text(&out));
-}
-
-/// Two hosts (network namespaces) deleted on drop.
-struct Hosts(Vec<String>);
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
 /// 4 ranks on two hosts, 2 each: every tool's table checked element by element on every
 /// rank, each rank reaching its neighbour on the host over shared memory and the other host's
 /// two over UDP.
@@ -214,33 +197,8 @@ fn four_ranks_on_two_namespace_hosts() {
     ) {
         return;
     }
-    let names = ["a", "b"].map(|h| format!("ferroce-coll-{}-{h}", std::process::id()));
-    let hosts = Hosts(Vec::new());
-    let mut hosts = hosts;
-    for ns in &names {
-        ip(&["netns", "add", ns]);
-        hosts.0.push(ns.clone());
-        ip(&["-n", ns, "link", "set", "lo", "up"]);
-    }
-    let addrs = ["10.211.0.1", "10.211.0.2"];
-    ip(&[
-        "link", "add", "veth0", "netns", &names[0], "type", "veth", "peer", "name", "veth0",
-        "netns", &names[1],
-    ]);
-    for (i, ns) in names.iter().enumerate() {
-        ip(&[
-            "-n",
-            ns,
-            "addr",
-            "add",
-            addrs[i],
-            "peer",
-            addrs[1 - i],
-            "dev",
-            "veth0",
-        ]);
-        ip(&["-n", ns, "link", "set", "veth0", "up"]);
-    }
+    let hosts = ferroce_test_support::hosts::TwoHosts::new("coll", ["10.211.0.1", "10.211.0.2"]);
+    let (names, addrs) = (&hosts.names, &hosts.addrs);
     for (k, tool) in TOOLS.iter().enumerate() {
         let port = (29500 + k).to_string();
         let children: Vec<_> = (0..4)
@@ -261,7 +219,7 @@ fn four_ranks_on_two_namespace_hosts() {
                     .env("RANK", rank.to_string())
                     .env("WORLD_SIZE", "4")
                     .env("LOCAL_RANK", (rank % 2).to_string())
-                    .env("MASTER_ADDR", addrs[0])
+                    .env("MASTER_ADDR", &addrs[0])
                     .env("MASTER_PORT", &port)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())

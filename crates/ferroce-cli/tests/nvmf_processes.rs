@@ -3,9 +3,10 @@
 //! against what was written; a host killed mid-run leaves the target serving the next, and the
 //! target ends on SIGINT with every queue it opened closed.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use ferroce_test_support::hosts::{free_tcp_port, TwoHosts};
 
 const NQN: &str = "nqn.2026-11.io.ferroce:cli-test";
 
@@ -15,14 +16,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `ferroce`, inside network namespace `ns` if given.
@@ -148,7 +141,7 @@ fn kill_a_host_mid_run(ns: Option<&str>, target: &str, port: u16) {
 
 #[test]
 fn nvmf_perf_against_nvmf_target_on_one_host() {
-    let port = free_port();
+    let port = free_tcp_port();
     let t = start_target(None, "127.0.0.1", port);
     perf(
         None,
@@ -179,22 +172,6 @@ fn nvmf_perf_against_nvmf_target_on_one_host() {
     stop_target(t, 8);
 }
 
-/// Two hosts made of network namespaces, deleted on drop.
-struct Hosts(Vec<String>);
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(out.status.success(), "ip {args:?}: {}", text(&out));
-}
-
 #[test]
 fn nvmf_perf_against_nvmf_target_between_namespace_hosts() {
     if !ferroce_test_support::require_root(
@@ -203,38 +180,14 @@ fn nvmf_perf_against_nvmf_target_between_namespace_hosts() {
     ) {
         return;
     }
-    let names = ["a", "b"].map(|h| format!("ferroce-nvmf-{}-{h}", std::process::id()));
-    let mut hosts = Hosts(Vec::new());
-    for ns in &names {
-        ip(&["netns", "add", ns]);
-        hosts.0.push(ns.clone());
-        ip(&["-n", ns, "link", "set", "lo", "up"]);
-    }
-    let addrs = ["10.212.0.1", "10.212.0.2"];
-    ip(&[
-        "link", "add", "veth0", "netns", &names[0], "type", "veth", "peer", "name", "veth0",
-        "netns", &names[1],
-    ]);
-    for (i, ns) in names.iter().enumerate() {
-        ip(&[
-            "-n",
-            ns,
-            "addr",
-            "add",
-            addrs[i],
-            "peer",
-            addrs[1 - i],
-            "dev",
-            "veth0",
-        ]);
-        ip(&["-n", ns, "link", "set", "veth0", "up"]);
-    }
+    let hosts = TwoHosts::new("nvmf", ["10.212.0.1", "10.212.0.2"]);
+    let (names, addrs) = (&hosts.names, &hosts.addrs);
     let port = 4420;
-    let t = start_target(Some(&names[0]), addrs[0], port);
+    let t = start_target(Some(&names[0]), &addrs[0], port);
     let host = Some(names[1].as_str());
     perf(
         host,
-        addrs[0],
+        &addrs[0],
         port,
         &[
             "--rw", "randrw", "--bs", "4k", "--qd", "8", "--time", "1", "--size", "8M",
@@ -242,16 +195,16 @@ fn nvmf_perf_against_nvmf_target_between_namespace_hosts() {
     );
     perf(
         host,
-        addrs[0],
+        &addrs[0],
         port,
         &[
             "--rw", "write", "--bs", "256k", "--qd", "4", "--time", "1", "--size", "16M",
         ],
     );
-    kill_a_host_mid_run(host, addrs[0], port);
+    kill_a_host_mid_run(host, &addrs[0], port);
     perf(
         host,
-        addrs[0],
+        &addrs[0],
         port,
         &[
             "--rw", "randread", "--bs", "4k", "--qd", "16", "--time", "1", "--size", "4M",

@@ -4,18 +4,11 @@
 //! application thread only waits on TCP, and a capture that tshark and `ferroce decode` read
 //! cleanly.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use ferroce_test_support::hosts::free_tcp_port as free_port;
 
 fn ferroce() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferroce"))

@@ -92,21 +92,21 @@ fn start_target() -> (
     (addr, counters, stop)
 }
 
+/// Host `n`'s options for subsystem `subnqn`.
+fn options(n: u8, subnqn: &str) -> HostOptions {
+    HostOptions {
+        hostnqn: format!("nqn.2026-11.io.ferroce:host{n}"),
+        host_id: [n; 16],
+        subnqn: subnqn.into(),
+        io_queue_entries: 16,
+        max_transfer: 65536,
+        timeout: Duration::from_secs(10),
+        cm: HostCm::Tcp,
+    }
+}
+
 fn host(addr: SocketAddr, n: u8) -> (Controller, Queue) {
-    let mut ctrl = Controller::connect(
-        context(),
-        addr,
-        HostOptions {
-            hostnqn: format!("nqn.2026-11.io.ferroce:host{n}"),
-            host_id: [n; 16],
-            subnqn: NQN.into(),
-            io_queue_entries: 16,
-            max_transfer: 65536,
-            timeout: Duration::from_secs(10),
-            cm: HostCm::Tcp,
-        },
-    )
-    .unwrap();
+    let mut ctrl = Controller::connect(context(), addr, options(n, NQN)).unwrap();
     assert_eq!(ctrl.namespace.blocks, BLOCKS);
     assert_eq!(ctrl.namespace.block_size, 512);
     assert_eq!(ctrl.max_transfer, Some(65536));
@@ -232,19 +232,7 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
     let (addr, counters, stop) = start_target();
     // An unknown subsystem: Connect fails with Invalid Parameters (the queue is up, its
     // controller is not).
-    let r = Controller::connect(
-        context(),
-        addr,
-        HostOptions {
-            hostnqn: "nqn.2026-11.io.ferroce:host9".into(),
-            host_id: [9; 16],
-            subnqn: "nqn.2026-11.io.ferroce:nobody".into(),
-            io_queue_entries: 16,
-            max_transfer: 4096,
-            timeout: Duration::from_secs(10),
-            cm: HostCm::Tcp,
-        },
-    );
+    let r = Controller::connect(context(), addr, options(9, "nqn.2026-11.io.ferroce:nobody"));
     match r {
         Err(HostError::Status { what, status }) => {
             assert_eq!(what, "Connect");
@@ -256,20 +244,7 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
     // A queue larger than the target takes: refused at the exchange, before any QP work.
     let (_ctrl, _q) = host(addr, 4);
     let refused = counters.queues_refused.load(Ordering::Relaxed);
-    let too_deep = Controller::connect(
-        context(),
-        addr,
-        HostOptions {
-            hostnqn: "nqn.2026-11.io.ferroce:host5".into(),
-            host_id: [5; 16],
-            subnqn: NQN.into(),
-            io_queue_entries: 16,
-            max_transfer: 4096,
-            timeout: Duration::from_secs(10),
-            cm: HostCm::Tcp,
-        },
-    )
-    .and_then(|mut c| {
+    let too_deep = Controller::connect(context(), addr, options(5, NQN)).and_then(|mut c| {
         c.set_io_queue_entries(200);
         c.io_queue(1, 4096)
     });
@@ -282,19 +257,7 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
     // As many queues as the target allows (8: this host's two and three more hosts'), then
     // the next is refused with "no resources" before anything is made for it.
     let more: Vec<_> = (10..13).map(|n| host(addr, n)).collect();
-    let full = Controller::connect(
-        context(),
-        addr,
-        HostOptions {
-            hostnqn: "nqn.2026-11.io.ferroce:host13".into(),
-            host_id: [13; 16],
-            subnqn: NQN.into(),
-            io_queue_entries: 16,
-            max_transfer: 4096,
-            timeout: Duration::from_secs(10),
-            cm: HostCm::Tcp,
-        },
-    );
+    let full = Controller::connect(context(), addr, options(13, NQN));
     assert!(
         matches!(
             full,

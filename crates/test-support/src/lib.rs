@@ -7,6 +7,8 @@
 //! every tool the tests use and CI runs it as root, so there a missing prerequisite is a broken
 //! set-up, and a suite that reports green over tests that never ran would hide it.
 
+pub mod hosts;
+
 /// Whether this run is CI's: the `CI` environment variable is `true` (any case) or `1`.
 pub fn in_ci() -> bool {
     means_ci(std::env::var("CI").ok().as_deref())
