@@ -1337,39 +1337,57 @@ fn libfabric_fi_pingpong_over_verbs_between_namespace_hosts_and_within_one() {
             .into_iter()
             .enumerate()
         {
-            let port = (47600 + k * 2 + j).to_string();
-            let mut server = hosts.run(NS_A, "fi_pingpong");
-            server.args(["-p", "verbs", "-e", ep, "-I", "50", "-c", "-B", &port]);
-            let mut s = server
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
-            let mut client = hosts.run(client_ns, "fi_pingpong");
-            client.args([
-                "-p", "verbs", "-e", ep, "-I", "50", "-c", "-P", &port, server_ip,
-            ]);
-            let c = client.output().unwrap();
-            let limit = if c.status.success() { 60 } else { 5 };
-            let s = wait_with_timeout(s, Duration::from_secs(limit));
-            let (st, ct) = (text(&s), text(&c));
-            let what = format!("-e {ep} to {server_ip} from {client_ns}");
-            assert!(
-                s.status.success() && c.status.success(),
-                "{what}\nserver:\n{st}\nclient:\n{ct}"
-            );
-            // A row per size: bytes, sent, acknowledged, on both sides.
-            for out in [&st, &ct] {
-                for size in ["64", "256", "1k", "4k", "64k", "1m"] {
-                    assert!(
-                        out.lines().any(|l| {
-                            let f: Vec<&str> = l.split_whitespace().collect();
-                            f.len() >= 3 && f[0] == size && f[1] == "50" && f[2] == "=50"
-                        }),
-                        "{what}: no row for {size} B\n{out}"
-                    );
+            // rxm's teardown race (see below) is given one more run; anything else fails at once.
+            for attempt in 0..2 {
+                let port = (47600 + k * 2 + j + attempt * 10).to_string();
+                let mut server = hosts.run(NS_A, "fi_pingpong");
+                server.args(["-p", "verbs", "-e", ep, "-I", "50", "-c", "-B", &port]);
+                let mut s = server
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+                let mut client = hosts.run(client_ns, "fi_pingpong");
+                client.args([
+                    "-p", "verbs", "-e", ep, "-I", "50", "-c", "-P", &port, server_ip,
+                ]);
+                let c = client.output().unwrap();
+                let limit = if c.status.success() { 60 } else { 5 };
+                let s = wait_with_timeout(s, Duration::from_secs(limit));
+                let (st, ct) = (text(&s), text(&c));
+                let what = format!("-e {ep} to {server_ip} from {client_ns}");
+                // Known, not yet understood (issue #33's note, session 26): under load, one end of
+                // an rdm pair between namespace hosts sometimes reads a flushed completion while
+                // both ends finish their `fin` exchange, after every size moved and was checked
+                // (about 1 run in 20 with two busy loops on this 2-core VM). That run, and only
+                // that failure, is tried once more, loudly.
+                let teardown_race = ep == "rdm"
+                    && attempt == 0
+                    && (st.contains("Work Request Flushed Error")
+                        || ct.contains("Work Request Flushed Error"))
+                    && [&st, &ct].iter().all(|o| o.contains("\n1m "));
+                if !(s.status.success() && c.status.success()) && teardown_race {
+                    eprintln!("{what}: rxm teardown race (flushed at fin); once more\n{st}\n{ct}");
+                    continue;
                 }
+                assert!(
+                    s.status.success() && c.status.success(),
+                    "{what}\nserver:\n{st}\nclient:\n{ct}"
+                );
+                // A row per size: bytes, sent, acknowledged, on both sides.
+                for out in [&st, &ct] {
+                    for size in ["64", "256", "1k", "4k", "64k", "1m"] {
+                        assert!(
+                            out.lines().any(|l| {
+                                let f: Vec<&str> = l.split_whitespace().collect();
+                                f.len() >= 3 && f[0] == size && f[1] == "50" && f[2] == "=50"
+                            }),
+                            "{what}: no row for {size} B\n{out}"
+                        );
+                    }
+                }
+                break;
             }
         }
     }
