@@ -141,6 +141,7 @@ fn wait_one(cq: &CompletionQueue) -> ferroce::WorkCompletion {
 
 #[test]
 fn every_operation_survives_a_lossy_reordering_duplicating_corrupting_relay() {
+    let rcvbuf_before = udp_rcvbuf_errors();
     let (relay, listener) = relay(
         "loss=0.05,reorder=0.05,duplicate=0.02,corrupt=0.01,delay_ms=0.1,jitter_ms=0.2,seed=11",
     );
@@ -291,7 +292,11 @@ fn every_operation_survives_a_lossy_reordering_duplicating_corrupting_relay() {
         // The relay counts a packet corrupted when it flips the bit; one its queue then
         // overflows on (READ answers stream faster than it forwards) never reaches a peer.
         let overflowed = st.to_server.overflowed + st.to_client.overflowed;
-        if caught >= corrupted || (overflowed > 0 && caught + overflowed >= corrupted) {
+        // Nor does one the kernel dropped because a starved receiver's socket buffer was full
+        // (seen under CI's load: 201 of 203 caught, the test taking 6 s instead of 1). The
+        // counter is the host's, so it only ever excuses, never demands.
+        let kernel_dropped = udp_rcvbuf_errors().saturating_sub(rcvbuf_before);
+        if caught >= corrupted || caught + overflowed + kernel_dropped >= corrupted {
             break;
         }
         assert!(
@@ -405,4 +410,22 @@ fn garbage_on_the_cm_port_is_passed_through_for_the_peer_to_refuse() {
     drop(s);
     let err = server.join().unwrap().unwrap_err().to_string();
     assert!(err.contains("magic") || err.contains("FRCE"), "{err}");
+}
+
+/// The kernel's count of UDP datagrams dropped for a full receive buffer (`/proc/net/snmp`,
+/// `Udp: RcvbufErrors`), 0 where it cannot be read.
+fn udp_rcvbuf_errors() -> u64 {
+    let Ok(snmp) = std::fs::read_to_string("/proc/net/snmp") else {
+        return 0;
+    };
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
