@@ -632,7 +632,9 @@ modprobe nvme-rdma || exit 1
 nvme disconnect -n $NQN_F > /dev/null 2>&1
 nvme discover -t rdma -a $H -s 4420 | tee /tmp/disc | grep -q 'subnqn: *$NQN_F' || { cat /tmp/disc; exit 1; }
 nvme connect -t rdma -a $H -s 4420 -n $NQN_F || exit 1
-i=0; while [ -z \"\$(nvdev $NQN_F)\" ] && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
+# Under loss the namespace's block device comes only after Identify and friends, each of
+# which may wait out the host's 2 s retransmission timer: up to 60 s.
+i=0; while [ -z \"\$(nvdev $NQN_F)\" ] && [ \$i -lt 300 ]; do sleep 0.2; i=\$((i+1)); done
 d=\$(nvdev $NQN_F); echo \"device \$d\"
 rc=0; [ -n \"\$d\" ] || { ls -l /sys/block; nvme disconnect -n $NQN_F; exit 1; }
 $fio_rand > /tmp/fio_rand.log 2>&1 || rc=1; grep -E 'err=|IOPS=|verify' /tmp/fio_rand.log | head -6
