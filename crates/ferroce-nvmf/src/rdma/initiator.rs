@@ -147,6 +147,8 @@ pub struct Queue {
     slot_len: usize,
     slots: usize,
     timeout: Duration,
+    /// Where polls put completions (made once: `reap` runs for every command).
+    wcs: Vec<ferroce::WorkCompletion>,
 }
 
 const ADMIN_ENTRIES: u16 = 32;
@@ -226,6 +228,7 @@ impl Queue {
             slot_len,
             slots,
             timeout,
+            wcs: vec![ferroce::empty_wc(); 64],
         })
     }
 
@@ -278,11 +281,10 @@ impl Queue {
     /// Responses that arrived, waiting at most `wait` for the first one.
     pub fn reap(&mut self, wait: Duration) -> Result<Vec<(Completion, usize)>> {
         let deadline = Instant::now() + wait;
-        let mut wcs = vec![ferroce::empty_wc(); 64];
         let mut out = Vec::new();
         loop {
-            let n = self.cq.poll(&mut wcs)?;
-            for wc in &wcs[..n] {
+            let n = self.cq.poll(&mut self.wcs)?;
+            for wc in &self.wcs[..n] {
                 if wc.status != WcStatus::Success {
                     return Err(HostError::Protocol(format!(
                         "the queue's transport failed: {} ({:?})",
@@ -323,8 +325,8 @@ impl Queue {
         }
     }
 
-    /// Runs one command to its response (nothing else in flight): its completion, with
-    /// `data_len` bytes moved through slot 0.
+    /// Runs one command to its response (nothing else in flight; any data moves through
+    /// slot 0): its completion.
     fn run(&mut self, what: &'static str, cmd: Command) -> Result<Completion> {
         let cid = self.submit(cmd, 0)?;
         let deadline = Instant::now() + self.timeout;
