@@ -356,6 +356,10 @@ pub(crate) struct Requester {
     sacked_from: Psn,
     /// The next packet built asks for an acknowledgement whatever the rules say.
     force_ack_req: bool,
+    /// The newest PSN sent asking for an acknowledgement (a data packet with AckReq, a READ
+    /// or atomic request): while it is unacknowledged an answer is on its way, so a packet
+    /// at the window's end need not ask again (see `ack_req_pending`).
+    last_ack_req: Option<Psn>,
 }
 
 /// A packet queued to be sent again alone (selective repeat).
@@ -382,6 +386,7 @@ impl Requester {
         self.next_psn = sq_psn;
         self.una = sq_psn;
         self.window_una = sq_psn;
+        self.last_ack_req = None;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
         self.cc = Some(Controller::new(p.cc, MAX_UNACKED_PSNS));
@@ -731,7 +736,8 @@ impl Requester {
         if let Some(i) = first {
             self.cursor = self.cursor.min(i);
         }
-        // Everything from `psn` on goes again anyway.
+        // Everything from `psn` on goes again anyway, and what asked may have been lost.
+        self.last_ack_req = None;
         self.resend.clear();
         self.sacked = 0;
         self.gone_back_to = Some(psn);
@@ -789,6 +795,13 @@ impl Requester {
             self.window_una = self.una;
             self.read_recover = read.then(|| psn.add(self.window()));
         }
+    }
+
+    /// Whether a packet that asked for an acknowledgement is still unacknowledged, so an
+    /// answer is on its way without asking again.
+    fn ack_req_pending(&self) -> bool {
+        self.last_ack_req
+            .is_some_and(|p| !p.is_before(self.una) && p.is_before(self.next_psn))
     }
 
     /// How far past `una` packets may be sent now: the window, plus what the peer reported it
@@ -1528,6 +1541,7 @@ impl Requester {
         } else {
             ACK_REQ_INTERVAL
         };
+        let pending_ack = self.ack_req_pending();
         let pieces_allowed = self.outstanding_rd_atomic(i) == 0;
         let una = self.una;
         let window = self.window();
@@ -1567,6 +1581,7 @@ impl Requester {
                     0,
                 )
                 .ok_or(overflow)?;
+                self.last_ack_req = Some(psn.add(end - k - 1));
                 w.sent = end;
                 n
             }
@@ -1590,6 +1605,7 @@ impl Requester {
                 };
                 let (_, n) = emit::headers(buf, p, emit::Bth::ack_req(opcode, psn), ext, 0)
                     .ok_or(overflow)?;
+                self.last_ack_req = Some(psn);
                 w.sent = 1;
                 n
             }
@@ -1632,10 +1648,19 @@ impl Requester {
                     && !w.wr.flags.signaled
                     && self.unasked_messages < p.unasked_run
                     && ack_timeout(p.timeout).is_some_and(|t| t >= 4 * UNASKED_ACK_DELAY);
+                // The packet that fills the window asks too, so that the ACK which opens it
+                // again is sure to come; unless an earlier one's is still on its way. (Asking
+                // at every window end made a window-limited sender, whose window slides one
+                // packet per ACK, ask on every packet: an ACK per packet, which halved what a
+                // Linux rxe peer in an emulated guest could take.)
                 let ack_req = (last && !unasked)
                     || self.since_ack_req >= ack_every
-                    || psn == window_end
+                    || (psn == window_end && (retransmit || !pending_ack))
                     || self.force_ack_req;
+                if ack_req {
+                    self.last_ack_req = Some(psn);
+                    self.since_ack_req = 0;
+                }
                 if last {
                     self.unasked_messages = if ack_req {
                         0

@@ -119,7 +119,7 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
             .collect(),
     };
     let server = Server::new(
-        ctx,
+        ctx.clone(),
         Target::new(config, vec![subsystem]),
         QueueLimits {
             max_transfer: 4096 << args.mdts,
@@ -175,5 +175,20 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("nvmf-target: {}", counters.summary());
+    // The RC transport's own story: how much was sent again and why, to tell a slow peer from
+    // a lossy path.
+    let c = ctx.counters();
+    println!(
+        "nvmf-target: packets sent {} received {}, retransmitted {} (timeouts {}), \
+         sequence NAKs received {} sent {}, RNR NAKs received {}, kept out of order {}",
+        c.tx_packets,
+        c.rx_packets,
+        c.qps.retransmits,
+        c.qps.rto_fired + c.qps.completer_retry_err,
+        c.qps.rcvd_seq_err,
+        c.qps.send_seq_nak,
+        c.qps.rcvd_rnr_err,
+        c.qps.ooo_held,
+    );
     Ok(ExitCode::SUCCESS)
 }
