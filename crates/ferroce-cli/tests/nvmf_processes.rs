@@ -213,3 +213,99 @@ fn nvmf_perf_against_nvmf_target_between_namespace_hosts() {
     stop_target(t, 8);
     drop(hosts);
 }
+
+/// The number after `key` in `text`'s first line holding it.
+fn number_after(text: &str, key: &str) -> u64 {
+    let at = text
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key:?} in\n{text}"))
+        + key.len();
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Command capsules lost on the wire: nftables in the host's namespace drops every tenth
+/// datagram to the target the size of a bare 64-byte capsule (a SEND of one SQE: UDP length
+/// 8 + BTH 12 + 64 + ICRC 4). RC sends each again, so every command still completes with
+/// success and every read checks; the host counts what it sent again, and the target goes on
+/// serving the next host and ends with every queue closed.
+#[test]
+fn lost_command_capsules_are_sent_again_and_every_command_succeeds() {
+    if !ferroce_test_support::require_root(
+        "lost_command_capsules_are_sent_again_and_every_command_succeeds",
+        "network namespaces and nftables",
+    ) {
+        return;
+    }
+    let hosts = TwoHosts::new("nvmfloss", ["10.213.0.1", "10.213.0.2"]);
+    let (names, addrs) = (&hosts.names, &hosts.addrs);
+    let port = 4420;
+    let t = start_target(Some(&names[0]), &addrs[0], port);
+    let table = "ferroce_capsule_loss";
+    let ruleset = format!(
+        "table inet {table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  ip daddr {} udp dport 4791 udp length 88 numgen inc mod 10 == 0 counter drop\n }}\n}}\n",
+        addrs[0]
+    );
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &names[1], "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("running nft (nftables)");
+    use std::io::Write;
+    nft.stdin
+        .take()
+        .unwrap()
+        .write_all(ruleset.as_bytes())
+        .unwrap();
+    assert!(nft.wait().unwrap().success(), "loading {ruleset}");
+    let host = Some(names[1].as_str());
+    let out = perf(
+        host,
+        &addrs[0],
+        port,
+        &[
+            "--rw", "randread", "--bs", "4k", "--qd", "8", "--time", "1", "--size", "2M",
+        ],
+    );
+    let listed = Command::new("ip")
+        .args([
+            "netns", "exec", &names[1], "nft", "list", "table", "inet", table,
+        ])
+        .output()
+        .unwrap();
+    let dropped = number_after(&String::from_utf8_lossy(&listed.stdout), "counter packets ");
+    assert!(dropped > 0, "no capsule was dropped\n{out}");
+    let transport = out
+        .lines()
+        .find(|l| l.contains("transport:"))
+        .unwrap_or_else(|| panic!("no transport line\n{out}"));
+    let resent = number_after(transport, "retransmitted ");
+    assert!(
+        resent >= dropped,
+        "{dropped} capsules dropped, {resent} packets sent again\n{out}"
+    );
+    // The target serves the next host as before (the loss still on).
+    perf(
+        host,
+        &addrs[0],
+        port,
+        &[
+            "--rw",
+            "randwrite",
+            "--bs",
+            "4k",
+            "--qd",
+            "4",
+            "--time",
+            "1",
+            "--size",
+            "1M",
+        ],
+    );
+    stop_target(t, 4);
+    drop(hosts);
+}

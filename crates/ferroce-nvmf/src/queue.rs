@@ -64,6 +64,8 @@ pub struct TargetQueue {
     sq_entries: u16,
     /// In-capsule data this queue takes after a command.
     in_capsule_max: u32,
+    /// The largest data transfer of one command (the controller's MDTS in bytes).
+    max_transfer: u32,
     /// Commands whose data is being read from the host, by tag (their command ID).
     reading: HashMap<u16, Waiting>,
 }
@@ -77,8 +79,16 @@ impl TargetQueue {
             sq_head: 0,
             sq_entries: sq_entries.max(1),
             in_capsule_max,
+            max_transfer: u32::MAX,
             reading: HashMap::new(),
         }
+    }
+
+    /// Sets the largest transfer one command may ask for (the MDTS the controller announces,
+    /// in bytes): a keyed data block beyond it is failed with Invalid Field in Command, as
+    /// the base specification's MDTS says, and the queue goes on.
+    pub fn set_max_transfer(&mut self, bytes: u32) {
+        self.max_transfer = bytes;
     }
 
     /// The queue's place once connected.
@@ -102,6 +112,9 @@ impl TargetQueue {
             Err(_) => return self.respond(&cmd, None, Response::fail(Status::SGL_TYPE_INVALID)),
         };
         let in_capsule = &capsule[SQE_LEN..];
+        if matches!(sgl, Sgl::Keyed { len, .. } if len > self.max_transfer) {
+            return self.respond(&cmd, None, Response::fail(Status::INVALID_FIELD));
+        }
         match (cmd.direction(), sgl) {
             (Direction::HostToController, Sgl::InCapsule { offset, len }) => {
                 let end = offset.checked_add(u64::from(len));

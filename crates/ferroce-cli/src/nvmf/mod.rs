@@ -23,3 +23,21 @@ fn open_context(ip: IpAddr) -> Result<Arc<Context>, String> {
         .map_err(|e| format!("opening the device of {ip}: {e}"))?;
     Ok(Arc::new(ctx))
 }
+
+/// The RC transport's own counters, in one line: how much was sent again and why, to tell a
+/// slow peer from a lossy path.
+fn transport_summary(ctx: &Context) -> String {
+    let c = ctx.counters();
+    format!(
+        "packets sent {} received {}, retransmitted {} (timeouts {}), sequence NAKs received \
+         {} sent {}, RNR NAKs received {}, kept out of order {}",
+        c.tx_packets,
+        c.rx_packets,
+        c.qps.retransmits,
+        c.qps.rto_fired + c.qps.completer_retry_err,
+        c.qps.rcvd_seq_err,
+        c.qps.send_seq_nak,
+        c.qps.rcvd_rnr_err,
+        c.qps.ooo_held,
+    )
+}

@@ -249,7 +249,7 @@ pub fn run(args: &PerfArgs) -> Result<ExitCode, String> {
         )
     };
     let options = HostOptions { cm, ..options };
-    let mut ctrl = Controller::connect(ctx, target, options)
+    let mut ctrl = Controller::connect(ctx.clone(), target, options)
         .map_err(|e| format!("connecting to {target}: {e}"))?;
     let ns = ctrl.namespace;
     if args.bs == 0 || args.bs % ns.block_size != 0 {
@@ -371,6 +371,7 @@ pub fn run(args: &PerfArgs) -> Result<ExitCode, String> {
         );
     }
     println!("  errors: {}", run.errors);
+    println!("  transport: {}", super::transport_summary(&ctx));
     if run.errors > 0 || run.mismatches > 0 {
         return Ok(ExitCode::from(1));
     }

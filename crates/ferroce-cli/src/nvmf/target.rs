@@ -175,20 +175,6 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("nvmf-target: {}", counters.summary());
-    // The RC transport's own story: how much was sent again and why, to tell a slow peer from
-    // a lossy path.
-    let c = ctx.counters();
-    println!(
-        "nvmf-target: packets sent {} received {}, retransmitted {} (timeouts {}), \
-         sequence NAKs received {} sent {}, RNR NAKs received {}, kept out of order {}",
-        c.tx_packets,
-        c.rx_packets,
-        c.qps.retransmits,
-        c.qps.rto_fired + c.qps.completer_retry_err,
-        c.qps.rcvd_seq_err,
-        c.qps.send_seq_nak,
-        c.qps.rcvd_rnr_err,
-        c.qps.ooo_held,
-    );
+    println!("nvmf-target: {}", super::transport_summary(&ctx));
     Ok(ExitCode::SUCCESS)
 }

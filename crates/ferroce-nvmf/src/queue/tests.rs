@@ -253,8 +253,25 @@ fn bad_requests_get_their_status_and_the_queue_serves_on() {
     let mut t = target();
     let mut host = Host::new();
     let (_aq, mut ioq, _) = bring_up(&mut t, &mut host);
+    ioq.set_max_transfer(8192);
     host.region(0x40, 0x40000, vec![0; 8192]);
     let cases: Vec<(Vec<u8>, Status)> = vec![
+        // Beyond the MDTS either way: refused before any data moves (the host's buffer is
+        // smaller still, so an RDMA READ or WRITE of it would have broken the queue).
+        (
+            capsule(
+                &rw(opc::READ, 7, 0, 3, keyed(0x40, 0x40000, 12288, false)),
+                &[],
+            ),
+            Status::INVALID_FIELD,
+        ),
+        (
+            capsule(
+                &rw(opc::WRITE, 8, 0, 3, keyed(0x40, 0x40000, 12288, false)),
+                &[],
+            ),
+            Status::INVALID_FIELD,
+        ),
         // Past the namespace's 64 blocks.
         (
             capsule(

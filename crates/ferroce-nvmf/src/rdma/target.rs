@@ -357,6 +357,7 @@ impl RdmaQueue {
     /// Serves until the queue ends.
     pub(super) fn run(mut self, setup: &QueueSetup, ended: &mut dyn FnMut() -> bool) {
         let mut tq = TargetQueue::new(self.entries, setup.limits.in_capsule as u32);
+        tq.set_max_transfer(u32::try_from(setup.limits.max_transfer).unwrap_or(u32::MAX));
         let mut waiting: VecDeque<Action> = VecDeque::new();
         let mut wcs = vec![ferroce::empty_wc(); 32];
         let mut last_look = Instant::now();
