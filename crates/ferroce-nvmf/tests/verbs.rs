@@ -102,6 +102,7 @@ fn options(n: u8, subnqn: &str) -> HostOptions {
         max_transfer: 65536,
         timeout: Duration::from_secs(10),
         cm: HostCm::Tcp,
+        keep_alive_timeout: Duration::ZERO,
     }
 }
 
@@ -269,5 +270,46 @@ fn queues_the_target_cannot_take_are_refused_with_their_status() {
         full.err()
     );
     drop(more);
+    stop.store(true, Ordering::Release);
+}
+
+/// A host that goes silent (its process alive, its transport answering, but no command sent
+/// for longer than the keep-alive timeout it asked for): the target ends its controller and
+/// both its queues, its next command fails, and another host connects and is served.
+#[test]
+fn a_silent_host_loses_its_controller_after_its_keep_alive_timeout() {
+    let (addr, counters, stop) = start_target();
+    let opts = HostOptions {
+        keep_alive_timeout: Duration::from_secs(1),
+        ..options(20, NQN)
+    };
+    let mut ctrl = Controller::connect(context(), addr, opts).unwrap();
+    let mut q = ctrl.io_queue(1, 65536).unwrap();
+    // Within the timeout, a Keep Alive and I/O keep it.
+    ctrl.keep_alive().unwrap();
+    assert_eq!(one(&mut q, &ctrl, false, 0, 8), Status::SUCCESS);
+    assert_eq!(counters.keep_alive_expired.load(Ordering::Relaxed), 0);
+    // Then silence: the controller and both queues end.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters.queues_closed.load(Ordering::Relaxed) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "still open: {}",
+            counters.summary()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(counters.keep_alive_expired.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.queues_opened.load(Ordering::Relaxed), 2);
+    assert!(
+        ctrl.keep_alive().is_err(),
+        "a Keep Alive to an ended controller"
+    );
+    let (ctrl_b, mut b) = host(addr, 21);
+    let data = pattern(7, 4096);
+    b.fill(0, &data).unwrap();
+    assert_eq!(one(&mut b, &ctrl_b, true, 16, 8), Status::SUCCESS);
+    assert_eq!(one(&mut b, &ctrl_b, false, 16, 8), Status::SUCCESS);
+    assert_eq!(b.slot_bytes(0, 4096).unwrap(), data);
     stop.store(true, Ordering::Release);
 }

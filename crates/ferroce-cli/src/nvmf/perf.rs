@@ -232,6 +232,8 @@ pub fn run(args: &PerfArgs) -> Result<ExitCode, String> {
         max_transfer: args.bs,
         timeout: Duration::from_secs(10),
         cm: HostCm::Tcp,
+        // Three of the Keep Alives the run sends every 5 s when idle (Linux asks for 5 s).
+        keep_alive_timeout: Duration::from_secs(15),
     };
     let target = SocketAddr::new(args.target, args.port);
     let tcp = match args.cm {

@@ -155,9 +155,20 @@ pub fn run(args: &TargetArgs) -> Result<ExitCode, String> {
     );
     let stop = server.stop_flag();
     let counters = server.counters();
+    let watched = counters.clone();
     let watcher = std::thread::spawn(move || {
+        let mut expired = 0;
         while !STOP.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(50));
+            // A host that vanished is news to whoever runs the target.
+            let now = watched.keep_alive_expired.load(Ordering::Relaxed);
+            if now > expired {
+                expired = now;
+                println!(
+                    "nvmf-target: a host sent nothing for its keep-alive timeout: its controller \
+                     and queues ended ({now} so far)"
+                );
+            }
         }
         stop.store(true, Ordering::Release);
     });

@@ -81,6 +81,11 @@ pub struct HostOptions {
     pub timeout: Duration,
     /// How queues connect.
     pub cm: HostCm,
+    /// The keep-alive timeout asked for at Connect (KATO; zero: none, and a host that
+    /// vanishes without a word holds its queues until the target ends). The controller ends
+    /// when the target hears no command for this long: call [`Controller::keep_alive`] when
+    /// idle.
+    pub keep_alive_timeout: Duration,
 }
 
 /// How the host's queues connect to the target.
@@ -364,7 +369,12 @@ impl Queue {
             qid,
             sqsize: self.entries - 1,
             cattr: 0,
-            kato: 0,
+            // Milliseconds, and only the admin queue's counts.
+            kato: if qid == 0 {
+                u32::try_from(opts.keep_alive_timeout.as_millis()).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
         }
         .command(0, sgl)
         .map_err(|e| HostError::Protocol(e.to_string()))?;

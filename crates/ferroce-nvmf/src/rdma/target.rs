@@ -53,6 +53,8 @@ pub struct Counters {
     pub bytes_from_hosts: AtomicU64,
     /// Completions in error (a bad key, a host gone).
     pub transport_errors: AtomicU64,
+    /// Controllers ended because their host sent nothing for a keep-alive timeout.
+    pub keep_alive_expired: AtomicU64,
 }
 
 impl Counters {
@@ -61,7 +63,7 @@ impl Counters {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
             "queues opened {} closed {} refused {}, commands {}, bytes to hosts {} from hosts {}, \
-             transport errors {}",
+             transport errors {}, keep-alive expiries {}",
             g(&self.queues_opened),
             g(&self.queues_closed),
             g(&self.queues_refused),
@@ -69,6 +71,7 @@ impl Counters {
             g(&self.bytes_to_hosts),
             g(&self.bytes_from_hosts),
             g(&self.transport_errors),
+            g(&self.keep_alive_expired),
         )
     }
 }
@@ -405,6 +408,10 @@ impl RdmaQueue {
         };
         let t = lock(&setup.target);
         if b.qid == 0 && t.expired(Instant::now()).contains(&b.cntlid) {
+            setup
+                .counters
+                .keep_alive_expired
+                .fetch_add(1, Ordering::Relaxed);
             return true;
         }
         !t.controllers().contains(&b.cntlid)
