@@ -650,6 +650,42 @@ exit \$rc" 600 || { nvmf_target_stop; return 1; }
   [ -n "$want" ] && [ "$want" = "$got" ]
 }
 check "nvmf_kernel_host_discover_connect_fio_verify_ferroce_target" nvmf_guest_fio
+# A kernel host that vanishes: it connects asking for a 5 s keep-alive timeout, writes, then
+# drops off the network (nftables on this side drops everything between it and the target,
+# both ways: not even its transport answers). The target must end its controller and queues
+# for silence, and say so; the guest then comes back and disconnects, and every queue opened
+# is closed. (A blackhole route in the guest did not silence it: rxe kept sending.)
+nvmf_kernel_host_vanishes() {
+  local img=$OUT/nvmf_ka.img
+  rm -f "$img"; truncate -s 16M "$img"
+  nvmf_target_start "$img"
+  # The kernel host's own recovery waits for its unanswered Keep Alive to time out as an
+  # admin command (60 s by default) before it lets the controller go: 10 s here.
+  gexec 0 "$NVDEV
+modprobe nvme-rdma || exit 1
+nvme disconnect -n $NQN_F > /dev/null 2>&1
+echo 10 > /sys/module/nvme_core/parameters/admin_timeout || exit 1
+nvme connect -t rdma -a $H -s 4420 -n $NQN_F --keep-alive-tmo=5 || exit 1
+i=0; while [ -z \"\$(nvdev $NQN_F)\" ] && [ \$i -lt 300 ]; do sleep 0.2; i=\$((i+1)); done
+d=\$(nvdev $NQN_F); [ -n \"\$d\" ] || exit 1
+dd if=/dev/urandom of=\$d bs=4k count=16 oflag=direct status=none" 120 || { nvmf_target_stop; return 1; }
+  nft -f - <<< "table inet ferroce_vanish {
+ chain in { type filter hook input priority 0; policy accept; ip saddr $G ip daddr $H drop; }
+ chain out { type filter hook output priority 0; policy accept; ip saddr $H ip daddr $G drop; }
+}" || { nvmf_target_stop; return 1; }
+  echo "the host vanished"
+  local t0=$SECONDS seen=0
+  while [ $((SECONDS - t0)) -lt 40 ]; do
+    grep -q "keep-alive timeout" "$OUT/nvmf_target.log" && { seen=1; break; }
+    sleep 0.2
+  done
+  echo "the target ended the silent host's controller: $seen, after $((SECONDS - t0)) s"
+  nft delete table inet ferroce_vanish
+  gexec 0 "nvme disconnect -n $NQN_F; echo 60 > /sys/module/nvme_core/parameters/admin_timeout" 60
+  nvmf_target_stop || return 1
+  [ $seen = 1 ]
+}
+check "nvmf_kernel_host_vanishes_keep_alive_timeout_ends_its_queues" nvmf_kernel_host_vanishes
 # nvmet-rdma in vm1 over a RAM disk (brd), configured through configfs, once.
 NVMET_UP="modprobe brd rd_nr=1 rd_size=65536 && modprobe nvmet-rdma || exit 1
 mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
@@ -774,6 +810,6 @@ PY
 fi
 
 secs=$(python3 -c "print(round($(date +%s.%N) - $t_start, 1))")
-expected=85
+expected=86
 [ -n "${LIVE_ONLY:-}" ] && expected=$((pass + ${#failed[@]}))
 summarize "$expected" "$secs"

@@ -16,3 +16,16 @@ pub mod initiator;
 pub mod target;
 pub mod wire;
 pub mod wire_host;
+
+/// A starting PSN that a host off the path cannot guess, as rdma_cm draws its own at random:
+/// a packet injected with a guessed PSN would otherwise be taken into a queue. From std's
+/// `RandomState`, whose keys the standard library draws from the OS's random source.
+pub(crate) fn random_psn() -> ferroce::Psn {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    ferroce::Psn::new(h.finish() as u32 & 0x00ff_ffff)
+}

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ferroce::{
     Access, CompletionChannel, CompletionQueue, ConnectOptions, Context, InitAttr, MemoryRegion,
-    Psn, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 use super::exchange::{self, ExchangeError};
@@ -214,7 +214,7 @@ impl Queue {
                 let mut conn = TcpStream::connect_timeout(&target, timeout)?;
                 conn.set_read_timeout(Some(timeout))?;
                 conn.set_nodelay(true)?;
-                let local = qp.endpoint_info(Psn::new(qp.qpn() ^ 0x3c3c), None);
+                let local = qp.endpoint_info(super::random_psn(), None);
                 let (_, peer) = exchange::request(&mut conn, &req, &local)?;
                 qp.connect(&local, &peer, &ConnectOptions::default())?;
                 Link::Tcp(conn)

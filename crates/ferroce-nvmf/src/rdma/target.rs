@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ferroce::{
     Access, CompletionChannel, CompletionQueue, ConnectOptions, Context, InitAttr, MemoryRegion,
-    Psn, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion,
+    QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 use super::bounce::Bounce;
@@ -237,7 +237,7 @@ impl QueueSetup {
                 return;
             }
         };
-        let local = q.qp.endpoint_info(Psn::new(q.qp.qpn() ^ 0x5a5a), None);
+        let local = q.qp.endpoint_info(super::random_psn(), None);
         if q.qp.connect(&local, &host, &q.connect_options()).is_err() {
             self.counters.queues_refused.fetch_add(1, Ordering::Relaxed);
             let _ = exchange::answer(&mut stream, &Answer::Reject(CmRejectStatus::NoResources));

@@ -93,7 +93,7 @@ impl State {
         };
         // Each side names in its message the PSN it receives from first: the REQ's is where
         // this side sends from, and the REP's where the host does.
-        let receive_psn = (q.qp.qpn() ^ 0x00a5_5a5a) & 0xff_ffff;
+        let receive_psn = super::random_psn().value();
         let mut local = q.qp.endpoint_info(Psn::new(req.starting_psn), None);
         local.mtu = local.mtu.min(mtu);
         let peer = EndpointInfo {

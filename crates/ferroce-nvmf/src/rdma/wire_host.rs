@@ -104,7 +104,7 @@ impl WireHost {
         req: &CmRequest,
         timeout: Duration,
     ) -> Result<(WireConn, CmAccept), HostError> {
-        let receive_psn = (qp.qpn() ^ 0x005a_a5a5) & 0xff_ffff;
+        let receive_psn = super::random_psn().value();
         let mut local = qp.endpoint_info(Psn::new(0), None);
         let header = IpHeader {
             src: SocketAddr::new(self.local_ip, 0),
