@@ -669,6 +669,7 @@ nvme connect -t rdma -a $H -s 4420 -n $NQN_F --keep-alive-tmo=5 || exit 1
 i=0; while [ -z \"\$(nvdev $NQN_F)\" ] && [ \$i -lt 300 ]; do sleep 0.2; i=\$((i+1)); done
 d=\$(nvdev $NQN_F); [ -n \"\$d\" ] || exit 1
 dd if=/dev/urandom of=\$d bs=4k count=16 oflag=direct status=none" 120 || { nvmf_target_stop; return 1; }
+  nft delete table inet ferroce_vanish 2>/dev/null
   nft -f - <<< "table inet ferroce_vanish {
  chain in { type filter hook input priority 0; policy accept; ip saddr $G ip daddr $H drop; }
  chain out { type filter hook output priority 0; policy accept; ip saddr $H ip daddr $G drop; }

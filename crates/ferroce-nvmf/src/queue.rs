@@ -112,7 +112,9 @@ impl TargetQueue {
             Err(_) => return self.respond(&cmd, None, Response::fail(Status::SGL_TYPE_INVALID)),
         };
         let in_capsule = &capsule[SQE_LEN..];
-        if matches!(sgl, Sgl::Keyed { len, .. } if len > self.max_transfer) {
+        if cmd.direction() != Direction::None
+            && matches!(sgl, Sgl::Keyed { len, .. } if len > self.max_transfer)
+        {
             return self.respond(&cmd, None, Response::fail(Status::INVALID_FIELD));
         }
         match (cmd.direction(), sgl) {

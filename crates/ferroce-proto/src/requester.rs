@@ -804,6 +804,50 @@ impl Requester {
             .is_some_and(|p| !p.is_before(self.una) && p.is_before(self.next_psn))
     }
 
+    /// Whether the next packet to send is held back by the window (not by anything else).
+    fn window_blocks_next(&self, p: &Params) -> bool {
+        let limit = self.send_limit();
+        let Some(w) = self
+            .sq
+            .iter()
+            .skip(self.cursor)
+            .find(|w| w.result.is_none() && !(w.started && w.sent >= w.npsn))
+        else {
+            return false;
+        };
+        if w.started {
+            return w.first_psn.add(w.sent).distance_from(self.una) >= limit;
+        }
+        let npsn = if w.wr.op.is_atomic() {
+            1
+        } else {
+            packets_for(w.len, p.mtu)
+        };
+        self.next_psn.distance_from(self.una) + npsn.min(limit) > limit
+    }
+
+    /// A packet that fills the window asks for an ACK only when no earlier one's is on its
+    /// way (see `build`). If that answer came and the window, shrunk meanwhile, still holds
+    /// the next packet back, nothing in flight asked and nothing new may leave: the newest
+    /// packet goes again asking (a probe, as a tail-loss probe is), or the sender would wait
+    /// for its retransmission timer.
+    fn nudge_if_stalled(&mut self, p: &Params, now: Instant) {
+        if !self.any_outstanding() || self.ack_req_pending() || !self.window_blocks_next(p) {
+            return;
+        }
+        if let Some(psn) = self.probe_psn() {
+            if !self.resend.iter().any(|r| r.psn == psn) {
+                self.resend.push_back(Resend {
+                    psn,
+                    due: now,
+                    probe: true,
+                    ready: true,
+                });
+                self.last_ack_req = Some(psn);
+            }
+        }
+    }
+
     /// How far past `una` packets may be sent now: the window, plus what the peer reported it
     /// keeps past the gap at `una` (those packets are out of the network), but never beyond the
     /// peer's reorder buffer.
@@ -848,6 +892,7 @@ impl Requester {
             self.rto_floor_at = now;
         }
         self.window_una = self.una;
+        self.nudge_if_stalled(p, now);
         self.tlp_sent = false;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
@@ -1837,3 +1882,6 @@ fn scatter(mem: &mut dyn Memory, pd: u32, wr: &SendWr, offset: u64, data: &[u8])
     })
     .map_err(|_| ())
 }
+
+#[cfg(test)]
+mod tests;

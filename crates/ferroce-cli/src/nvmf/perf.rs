@@ -302,7 +302,12 @@ pub fn run(args: &PerfArgs) -> Result<ExitCode, String> {
     if args.verify {
         // Every unit written once, so that every read has something to be checked against.
         let mut next = 0u64;
+        let mut keep_alive = Instant::now();
         while next < run.units || run.slots.iter().any(Option::is_some) {
+            if keep_alive.elapsed() > Duration::from_secs(5) {
+                keep_alive = Instant::now();
+                ctrl_keep_alive(&mut ctrl)?;
+            }
             while next < run.units && run.free_slot().is_some() && run.queue.can_submit() {
                 run.submit(next, true)?;
                 next += 1;

@@ -371,7 +371,8 @@ impl Queue {
             cattr: 0,
             // Milliseconds, and only the admin queue's counts.
             kato: if qid == 0 {
-                u32::try_from(opts.keep_alive_timeout.as_millis()).unwrap_or(u32::MAX)
+                u32::try_from(opts.keep_alive_timeout.as_nanos().div_ceil(1_000_000))
+                    .unwrap_or(u32::MAX)
             } else {
                 0
             },
