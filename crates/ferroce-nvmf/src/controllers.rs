@@ -105,6 +105,34 @@ const AER_LIMIT_EXCEEDED: Status = Status::specific(0x05);
 /// Held Asynchronous Event Requests per controller (AERL + 1).
 const AER_LIMIT: usize = 4;
 
+/// Where a Connect's invalid parameter is (the response's IATTR bit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InvalidIn {
+    /// The command (its submission queue entry).
+    Command,
+    /// The Connect data.
+    Data,
+}
+
+/// Byte offsets a Connect Invalid Parameters response names: in the command...
+const SQE_QID: u16 = 42;
+const SQE_SQSIZE: u16 = 44;
+/// ...and in its data.
+const DATA_HOSTID: u16 = 0;
+const DATA_CNTLID: u16 = 16;
+const DATA_SUBNQN: u16 = 256;
+const DATA_HOSTNQN: u16 = 512;
+
+/// Connect Invalid Parameters naming the parameter (NVMe-oF 1.1, the Connect response: IATTR
+/// in bit 16 and the offset in bits 15:0 of its first dword), which a Linux host prints
+/// ("Connect Invalid Data Parameter, subsysnqn").
+fn invalid_parameter(inside: InvalidIn, offset: u16) -> Response {
+    Response {
+        result: u64::from(inside == InvalidIn::Data) << 16 | u64::from(offset),
+        ..Response::fail(Status::CONNECT_INVALID_PARAMETERS)
+    }
+}
+
 impl Target {
     /// A target serving `subsystems`.
     pub fn new(config: TargetConfig, subsystems: Vec<Subsystem>) -> Target {
@@ -129,20 +157,19 @@ impl Target {
         cmd: &Command,
         data: &[u8],
     ) -> Result<(QueueBinding, Response), Response> {
-        let invalid = || Response::fail(Status::CONNECT_INVALID_PARAMETERS);
         let c = Connect::parse(cmd).map_err(|_| Response::fail(Status::INVALID_FIELD))?;
         if c.recfmt != 0 {
             return Err(Response::fail(Status::CONNECT_INCOMPATIBLE_FORMAT));
         }
-        let d = ConnectData::parse(data).map_err(|_| invalid())?;
+        let d = ConnectData::parse(data).map_err(|_| invalid_parameter(InvalidIn::Data, 0))?;
         let entries = u32::from(c.sqsize) + 1;
         if c.sqsize == 0 || entries > u32::from(self.config.max_queue_entries) {
-            return Err(invalid());
+            return Err(invalid_parameter(InvalidIn::Command, SQE_SQSIZE));
         }
         let sq_entries = entries as u16;
         if c.qid == 0 {
             if d.cntlid != CNTLID_DYNAMIC {
-                return Err(invalid());
+                return Err(invalid_parameter(InvalidIn::Data, DATA_CNTLID));
             }
             let subsystem = if d.subnqn == discovery::DISCOVERY_NQN {
                 None
@@ -152,7 +179,7 @@ impl Target {
                         .iter()
                         .find(|s| s.nqn == d.subnqn)
                         .cloned()
-                        .ok_or_else(invalid)?,
+                        .ok_or_else(|| invalid_parameter(InvalidIn::Data, DATA_SUBNQN))?,
                 )
             };
             let Some(cntlid) = self.free_cntlid() else {
@@ -181,20 +208,26 @@ impl Target {
             return Ok((b, Response::ok(u64::from(cntlid), Vec::new())));
         }
         let Some(ctrl) = self.controllers.get(&d.cntlid) else {
-            return Err(invalid());
+            return Err(invalid_parameter(InvalidIn::Data, DATA_CNTLID));
         };
         let same_subsystem = match &ctrl.subsystem {
             Some(s) => s.nqn == d.subnqn,
             None => false,
         };
-        if !same_subsystem || ctrl.host_id != d.host_id || ctrl.hostnqn != d.hostnqn {
-            return Err(invalid());
+        if !same_subsystem {
+            return Err(invalid_parameter(InvalidIn::Data, DATA_SUBNQN));
+        }
+        if ctrl.host_id != d.host_id {
+            return Err(invalid_parameter(InvalidIn::Data, DATA_HOSTID));
+        }
+        if ctrl.hostnqn != d.hostnqn {
+            return Err(invalid_parameter(InvalidIn::Data, DATA_HOSTNQN));
         }
         if !ctrl.regs.ready() {
             return Err(Response::fail(Status::COMMAND_SEQUENCE_ERROR));
         }
         if c.qid > ctrl.io_queues.max(1) || c.qid > self.config.max_io_queues {
-            return Err(invalid());
+            return Err(invalid_parameter(InvalidIn::Command, SQE_QID));
         }
         let b = QueueBinding {
             cntlid: d.cntlid,

@@ -152,18 +152,18 @@ fn a_host_brings_up_a_controller_and_its_io_queues() {
         .unwrap();
     assert_eq!(io_q.qid, 2);
     assert!(io_q.subsystem.unwrap().namespace(1).is_some());
-    // A queue past the allocated count, another host's ID, an unknown controller.
-    for (qid, d) in [
-        (5, data(cntlid, NQN, 1)),
-        (1, data(cntlid, NQN, 2)),
-        (1, data(cntlid + 1, NQN, 1)),
+    // A queue past the allocated count (the command's QID, byte 42), another host's ID (the
+    // data's byte 0), an unknown controller (the data's CNTLID, byte 16): each named in the
+    // result as IATTR (bit 16: in the data) and offset.
+    for (qid, d, result) in [
+        (5, data(cntlid, NQN, 1), 42),
+        (1, data(cntlid, NQN, 2), 1 << 16),
+        (1, data(cntlid + 1, NQN, 1), 1 << 16 | 16),
     ] {
+        let r = t.connect(now, &connect(qid, 127, 0), &d).err().unwrap();
         assert_eq!(
-            t.connect(now, &connect(qid, 127, 0), &d)
-                .err()
-                .unwrap()
-                .status,
-            Status::CONNECT_INVALID_PARAMETERS
+            (r.status, r.result),
+            (Status::CONNECT_INVALID_PARAMETERS, result)
         );
     }
 }
@@ -172,15 +172,22 @@ fn a_host_brings_up_a_controller_and_its_io_queues() {
 fn connects_to_unknown_subsystems_or_oversized_queues_are_refused() {
     let mut t = target();
     let now = Instant::now();
-    for (c, d) in [
-        (connect(0, 31, 0), data(CNTLID_DYNAMIC, "nqn.other", 1)),
-        (connect(0, 128, 0), data(CNTLID_DYNAMIC, NQN, 1)),
-        (connect(0, 0, 0), data(CNTLID_DYNAMIC, NQN, 1)),
-        (connect(0, 31, 0), data(7, NQN, 1)),
+    // Each refusal names its parameter: the data's SUBNQN (byte 256), the command's SQSIZE
+    // (byte 44) twice, the data's CNTLID (byte 16; an admin queue's must be dynamic).
+    for (c, d, result) in [
+        (
+            connect(0, 31, 0),
+            data(CNTLID_DYNAMIC, "nqn.other", 1),
+            1 << 16 | 256,
+        ),
+        (connect(0, 128, 0), data(CNTLID_DYNAMIC, NQN, 1), 44),
+        (connect(0, 0, 0), data(CNTLID_DYNAMIC, NQN, 1), 44),
+        (connect(0, 31, 0), data(7, NQN, 1), 1 << 16 | 16),
     ] {
+        let r = t.connect(now, &c, &d).err().unwrap();
         assert_eq!(
-            t.connect(now, &c, &d).err().unwrap().status,
-            Status::CONNECT_INVALID_PARAMETERS
+            (r.status, r.result),
+            (Status::CONNECT_INVALID_PARAMETERS, result)
         );
     }
     assert!(t.connect(now, &connect(0, 31, 0), &[0u8; 100]).is_err());
