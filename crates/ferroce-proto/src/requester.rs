@@ -356,6 +356,8 @@ pub(crate) struct Requester {
     sacked_from: Psn,
     /// The next packet built asks for an acknowledgement whatever the rules say.
     force_ack_req: bool,
+    /// One packet may leave past the window, asking (see `nudge_if_stalled`).
+    window_probe: bool,
     /// The newest PSN sent asking for an acknowledgement (a data packet with AckReq, a READ
     /// or atomic request): while it is unacknowledged an answer is on its way, so a packet
     /// at the window's end need not ask again (see `ack_req_pending`).
@@ -387,6 +389,7 @@ impl Requester {
         self.una = sq_psn;
         self.window_una = sq_psn;
         self.last_ack_req = None;
+        self.window_probe = false;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
         self.cc = Some(Controller::new(p.cc, MAX_UNACKED_PSNS));
@@ -738,6 +741,7 @@ impl Requester {
         }
         // Everything from `psn` on goes again anyway, and what asked may have been lost.
         self.last_ack_req = None;
+        self.window_probe = false;
         self.resend.clear();
         self.sacked = 0;
         self.gone_back_to = Some(psn);
@@ -828,23 +832,13 @@ impl Requester {
 
     /// A packet that fills the window asks for an ACK only when no earlier one's is on its
     /// way (see `build`). If that answer came and the window, shrunk meanwhile, still holds
-    /// the next packet back, nothing in flight asked and nothing new may leave: the newest
-    /// packet goes again asking (a probe, as a tail-loss probe is), or the sender would wait
-    /// for its retransmission timer.
-    fn nudge_if_stalled(&mut self, p: &Params, now: Instant) {
-        if !self.any_outstanding() || self.ack_req_pending() || !self.window_blocks_next(p) {
-            return;
-        }
-        if let Some(psn) = self.probe_psn() {
-            if !self.resend.iter().any(|r| r.psn == psn) {
-                self.resend.push_back(Resend {
-                    psn,
-                    due: now,
-                    probe: true,
-                    ready: true,
-                });
-                self.last_ack_req = Some(psn);
-            }
+    /// the next packet back, nothing in flight asked and nothing new may leave: the next new
+    /// packet goes anyway, one past the window, asking (RACK-TLP's probe with new data, RFC
+    /// 8985 7.3: a copy of an old one would be a duplicate to the peer), or the sender would
+    /// wait for its retransmission timer.
+    fn nudge_if_stalled(&mut self, p: &Params) {
+        if self.any_outstanding() && !self.ack_req_pending() && self.window_blocks_next(p) {
+            self.window_probe = true;
         }
     }
 
@@ -892,7 +886,7 @@ impl Requester {
             self.rto_floor_at = now;
         }
         self.window_una = self.una;
-        self.nudge_if_stalled(p, now);
+        self.nudge_if_stalled(p);
         self.tlp_sent = false;
         self.retry_left = p.retry_cnt;
         self.rnr_retry_left = p.rnr_retry;
@@ -1369,7 +1363,9 @@ impl Requester {
                     packets_for(w.len, mtu)
                 };
                 let limit = self.send_limit();
-                if self.next_psn.distance_from(self.una) + npsn.min(limit) > limit {
+                if self.next_psn.distance_from(self.una) + npsn.min(limit) > limit
+                    && !self.window_probe
+                {
                     return None;
                 }
                 let next = self.next_psn;
@@ -1382,7 +1378,8 @@ impl Requester {
             }
             let w = &self.sq[i];
             let psn = w.first_psn.add(w.sent);
-            if psn.distance_from(self.una) >= self.send_limit() {
+            let beyond = psn.distance_from(self.una) >= self.send_limit();
+            if beyond && !self.window_probe {
                 return None;
             }
             if let Some(len) = paced_len(w, w.sent) {
@@ -1391,7 +1388,12 @@ impl Requester {
                     return None;
                 }
             }
+            // The probe past the window asks; one within it (the window opened meanwhile)
+            // follows the usual rules.
+            self.force_ack_req = beyond;
+            self.window_probe = false;
             let res = self.build(ctx, now, i, buf);
+            self.force_ack_req = false;
             return self.sent_or_failed(ctx, now, i, res, cq);
         }
     }

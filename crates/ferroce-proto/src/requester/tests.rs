@@ -26,11 +26,11 @@ fn drain(q: &mut QueuePair, mem: &mut VecMemory, now: Instant) -> Vec<(u32, bool
 
 /// The window shrinks below what was sent after the last packet that asked for an ACK (two
 /// delay cuts within that packet's round trip can do it): when its ACK comes, nothing in
-/// flight asked and the window holds every new packet back. The newest packet goes again,
-/// asking, instead of the sender waiting for its retransmission timer; its ACK lets the rest
-/// go.
+/// flight asked and the window holds every new packet back. One new packet goes past the
+/// window, asking, instead of the sender waiting for its retransmission timer (a copy of an
+/// old one would count as a duplicate at the peer); its ACK lets the rest go.
 #[test]
-fn a_window_shrunk_behind_an_unasked_tail_sends_the_newest_packet_again_asking() {
+fn a_window_shrunk_behind_an_unasked_tail_sends_one_new_packet_past_it_asking() {
     let rts = RtsAttr {
         sq_psn: Psn::new(PSN0),
         ..default_rts()
@@ -72,11 +72,11 @@ fn a_window_shrunk_behind_an_unasked_tail_sends_the_newest_packet_again_asking()
     let probe = drain(&mut a, &mut mem, t);
     assert_eq!(
         probe,
-        vec![(PSN0 + 9, true)],
-        "the newest packet again, asking"
+        vec![(PSN0 + 10, true)],
+        "one new packet past the window, asking"
     );
-    // Its answer lets the next packet go, asking as it fills the window.
-    a.handle_packet(t, &mut mem, &ack_packet(A, Psn::new(PSN0 + 9), ok))
+    // Its answer covers the tail and lets the next packet go, asking as it fills the window.
+    a.handle_packet(t, &mut mem, &ack_packet(A, Psn::new(PSN0 + 10), ok))
         .unwrap();
-    assert_eq!(drain(&mut a, &mut mem, t), vec![(PSN0 + 10, true)]);
+    assert_eq!(drain(&mut a, &mut mem, t), vec![(PSN0 + 11, true)]);
 }
