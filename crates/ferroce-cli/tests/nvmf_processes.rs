@@ -107,16 +107,10 @@ fn stop_target(t: Child, opened_at_least: u64) -> String {
         .lines()
         .find(|l| l.contains("queues opened"))
         .unwrap_or_else(|| panic!("no counters\n{s}"));
-    let num = |key: &str| -> u64 {
-        let at = line.find(key).unwrap() + key.len();
-        line[at..]
-            .split(|c: char| !c.is_ascii_digit())
-            .find(|w| !w.is_empty())
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let (opened, closed) = (num("queues opened "), num(" closed "));
+    let (opened, closed) = (
+        number_after(line, "queues opened "),
+        number_after(line, " closed "),
+    );
     assert!(opened >= opened_at_least, "{s}");
     assert_eq!(opened, closed, "queues left open at exit: {s}");
     s
@@ -214,7 +208,7 @@ fn nvmf_perf_against_nvmf_target_between_namespace_hosts() {
     drop(hosts);
 }
 
-/// The number after `key` in `text`'s first line holding it.
+/// The first number after the first `key` in `text`.
 fn number_after(text: &str, key: &str) -> u64 {
     let at = text
         .find(key)

@@ -710,6 +710,18 @@ impl Drop for TwoHosts {
     }
 }
 
+/// Starts `server` (in host A) with its output captured and waits until it listens on TCP
+/// `port`.
+fn spawn_listening(server: &mut Command, port: u16) -> Child {
+    let mut s = server
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening_in(NS_A, port, &mut s);
+    s
+}
+
 /// Waits for a listener inside a namespace (its /proc/net is the namespace's).
 fn wait_listening_in(ns: &str, port: u16, server: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -798,12 +810,7 @@ fn ibv_rc_pingpong_and_perftest_between_two_namespace_hosts() {
         let port_s = port.to_string();
         let mut s = hosts.run(NS_A, program);
         s.args(*args).args(["-p", &port_s]);
-        let mut server = s
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_listening_in(NS_A, port, &mut server);
+        let server = spawn_listening(&mut s, port);
         // The client's device is its own host's interface.
         let client_args: Vec<&str> = args
             .iter()
@@ -861,12 +868,7 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
     // A server in host A (listening on `port`), then its client in host B: both outputs; a
     // server whose client failed gets a few seconds to end, not a minute.
     let start = |mut server: Command, port: u16, mut client: Command| {
-        let mut s = server
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_listening_in(NS_A, port, &mut s);
+        let s = spawn_listening(&mut server, port);
         let c = client.output().unwrap();
         let limit = if c.status.success() { 60 } else { 5 };
         (wait_with_timeout(s, Duration::from_secs(limit)), c)
@@ -907,10 +909,7 @@ fn rdma_cm_programs_connect_on_the_wire_between_two_namespace_hosts() {
         );
         rping("-c", "19013")
     };
-    let mut s = rping("-s", "19013");
-    s.stdout(Stdio::piped());
-    let mut server = s.stderr(Stdio::piped()).spawn().unwrap();
-    wait_listening_in(NS_A, 19013, &mut server);
+    let server = spawn_listening(&mut rping("-s", "19013"), 19013);
     let c = refused("19012").output().unwrap();
     let s = wait_with_timeout(server, Duration::from_secs(60));
     assert!(
@@ -1108,12 +1107,7 @@ fn rsockets_rstream_riostream_and_rcopy_between_processes_and_namespace_hosts() 
             .env("FERROCE_RDMA_CM", "ib")
             .args(["-b", "10.77.0.1"])
             .args(opts);
-        let mut s = server
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+        let s = spawn_listening(&mut server, port.parse().unwrap());
         let c = hosts
             .run(NS_B, tool)
             .env("FERROCE_RDMA_CM", "ib")
@@ -1342,12 +1336,7 @@ fn libfabric_fi_pingpong_over_verbs_between_namespace_hosts_and_within_one() {
                 let port = (47600 + k * 2 + j + attempt * 10).to_string();
                 let mut server = hosts.run(NS_A, "fi_pingpong");
                 server.args(["-p", "verbs", "-e", ep, "-I", "50", "-c", "-B", &port]);
-                let mut s = server
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap();
-                wait_listening_in(NS_A, port.parse().unwrap(), &mut s);
+                let s = spawn_listening(&mut server, port.parse().unwrap());
                 let mut client = hosts.run(client_ns, "fi_pingpong");
                 client.args([
                     "-p", "verbs", "-e", ep, "-I", "50", "-c", "-P", &port, server_ip,

@@ -837,7 +837,8 @@ impl Requester {
     /// 8985 7.3: a copy of an old one would be a duplicate to the peer), or the sender would
     /// wait for its retransmission timer.
     fn nudge_if_stalled(&mut self, p: &Params) {
-        if self.any_outstanding() && !self.ack_req_pending() && self.window_blocks_next(p) {
+        // Cheapest first: this runs on every ACK that moves the window.
+        if !self.ack_req_pending() && self.any_outstanding() && self.window_blocks_next(p) {
             self.window_probe = true;
         }
     }
