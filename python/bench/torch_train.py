@@ -40,7 +40,7 @@ def rank_main():
     layers, width = int(os.environ["BENCH_LAYERS"]), int(os.environ["BENCH_WIDTH"])
     steps, warmup, batch = (int(os.environ[k]) for k in ("BENCH_STEPS", "BENCH_WARMUP",
                                                          "BENCH_BATCH"))
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     dist.init_process_group(backend)
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -97,7 +97,8 @@ def run_once(args, setup, mode, backend):
     layers = max(1, int(args.params_mb * 1e6 / 4 / (width * width + width)))
     env = dict(os.environ, BENCH_RANK_MAIN="1", BENCH_BACKEND=backend, BENCH_MODE=mode,
                BENCH_LAYERS=str(layers), BENCH_WIDTH=str(width), BENCH_STEPS=str(args.steps),
-               BENCH_WARMUP=str(args.warmup), BENCH_BATCH=str(args.batch))
+               BENCH_WARMUP=str(args.warmup), BENCH_BATCH=str(args.batch),
+               BENCH_THREADS=str(args.threads))
     env.pop("CI", None)
     port = free_port()
     if setup == "hosts":
@@ -155,6 +156,9 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch's intra-op threads per rank (default 1); more make the compute "
+                         "shorter, so communication weighs more in a step")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
     if "hosts" in args.setups:
@@ -162,8 +166,8 @@ def main():
             sys.exit("the 'hosts' setup makes network namespaces: run as root (or leave it out)")
         make_hosts(9000)
     print(f"# {os.cpu_count()} CPUs; {args.params_mb:.0f} MB of float32 parameters "
-          f"(width {args.width}), batch {args.batch}, {args.steps} timed steps after "
-          f"{args.warmup}; {args.reps} repetitions", flush=True)
+          f"(width {args.width}), batch {args.batch}, {args.threads} intra-op thread(s) per rank, "
+          f"{args.steps} timed steps after {args.warmup}; {args.reps} repetitions", flush=True)
     results = {}
     try:
         for rep in range(args.reps):
