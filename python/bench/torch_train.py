@@ -23,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 A, B = "ftrain-a", "ftrain-b"
@@ -49,11 +50,14 @@ def rank_main():
     if mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # A CPU mesh, named: the default one is on CUDA wherever a GPU is present.
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, width, generator=g)
@@ -113,10 +117,26 @@ def run_once(args, setup, mode, backend):
     for rank in range(size):
         e = dict(env, RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=master,
                  MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen(prefixes[rank] + [sys.executable, __file__], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=args.timeout) for p in procs]
-    if any(p.returncode for p in procs):
+        # Output to files, so that the ranks can be watched without reading their pipes.
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        procs.append((subprocess.Popen(prefixes[rank] + [sys.executable, __file__], env=e,
+                                       stdout=out, stderr=err, text=True), out, err))
+    # A rank that fails leaves the others waiting on it: end them at once, not at the timeout.
+    deadline = time.monotonic() + args.timeout
+    while any(p.poll() is None for p, _, _ in procs):
+        if time.monotonic() > deadline or any(p.poll() for p, _, _ in procs):
+            for p, _, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.1)
+    outs = []
+    for p, out, err in procs:
+        p.wait()
+        out.seek(0)
+        err.seek(0)
+        outs.append((out.read(), err.read()))
+    if any(p.returncode for p, _, _ in procs):
         sys.stderr.write(f"{setup} {mode} {backend} failed:\n" +
                          "\n".join(err[-2000:] for _, err in outs))
         return None

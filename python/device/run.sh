@@ -1,6 +1,7 @@
 #!/bin/bash
 # The checks of the torch backend that need the GPU machine (the `device` tool), in one run:
-#   python/device/run.sh            # from the repository root, with the built wheel in .whl/
+#   python/device/run.sh [mixed] [allreduce] [train]   # from the repository root, with the
+#                                                      # built wheel in .whl/ (default: all)
 # 1. the mixed device string "cpu:ferroce,cuda:nccl" (mixed_backends.py), over shared memory,
 #    then over UDP; 2. all_reduce busbw through torch, ferroce beside gloo; 3. training steps/s,
 #    ferroce beside gloo, 2 and 4 ranks. Logs go to $OUT (or /tmp/device-out).
@@ -18,23 +19,25 @@ export PYTHONPATH=/tmp/site
   command -v c++ ninja
 } 2>&1 | tee "$OUT/env.log"
 section() { echo; echo "=== $1 ($(date +%T))"; }
+want() { [[ " $WANT " == *" $1 "* ]]; }
+WANT="${*:-mixed allreduce train}"
 {
   section "build the C++ backend"
   time python3 -c 'import ferroce.torch; print("built:", ferroce.torch.ProcessGroupFerroce)'
+  want mixed || exit 0
   section "cpu:ferroce,cuda:nccl (provider auto: shared memory)"
   NCCL_SOCKET_IFNAME=lo timeout 240 python3 python/device/mixed_backends.py
   section "cpu:ferroce,cuda:nccl (FERROCE_PROVIDER=udp)"
   FERROCE_PROVIDER=udp NCCL_SOCKET_IFNAME=lo timeout 180 python3 python/device/mixed_backends.py
 } 2>&1 | tee "$OUT/mixed.log"
-[ "${1:-}" = "mixed-only" ] && exit 0
-{
+want allreduce && {
   section "all_reduce busbw through torch, 2 ranks"
   timeout 150 python3 python/bench/torch_allreduce.py --reps 3 1 16 64
 } 2>&1 | tee "$OUT/allreduce.log"
-{
+want train && {
   section "training, 2 ranks, 6 threads each"
-  timeout 200 python3 python/bench/torch_train.py --setups 2 --modes ddp fsdp --reps 2 --threads 6 --timeout 120
+  timeout 170 python3 python/bench/torch_train.py --setups 2 --modes ddp fsdp --reps ${TRAIN_REPS2:-2} --threads 6 --timeout 60
   section "training, 4 ranks, 3 threads each"
-  timeout 200 python3 python/bench/torch_train.py --setups 4 --modes ddp fsdp --reps 2 --threads 3 --timeout 120
+  timeout 120 python3 python/bench/torch_train.py --setups 4 --modes ddp fsdp --reps ${TRAIN_REPS4:-2} --threads 3 --timeout 60
 } 2>&1 | tee "$OUT/train.log"
 section done

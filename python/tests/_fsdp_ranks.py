@@ -12,6 +12,7 @@ def train(rank, size, port, backend, steps, bf16, results):
                       MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils.checkpoint import checkpoint
 
@@ -37,9 +38,12 @@ def train(rank, size, port, backend, steps, bf16, results):
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), *blocks, torch.nn.Linear(32, 4))
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if bf16 else MixedPrecisionPolicy()
+        # A CPU mesh, named: fully_shard's default mesh is on CUDA wherever a GPU is present,
+        # which a CPU model on a CPU backend (gloo's or ferroce's) cannot use.
+        mesh = init_device_mesh("cpu", (size,))
         for block in model[1:-1]:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
         # SGD: Adam divides by the square root of a running mean of squared gradients, which
         # turns the last-bit differences of another reduction order (4 ranks) into visible ones
         # for parameters whose gradients are near zero.
