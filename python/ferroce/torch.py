@@ -20,9 +20,10 @@ scatter, reduce_scatter, reduce_scatter_tensor (and coalesced), all_to_all_singl
 uneven splits), all_to_all, send, recv (also from any source: the first send of the
 tensor's length), batch_isend_irecv (c10d coalescing), barrier and monitored_barrier, with SUM,
 PRODUCT, MIN, MAX and AVG on float32, float64, float16, bfloat16, int32, int64 and uint8
-(reductions; the others move any dtype), and split_group. Refused with an error that says
-so: sparse tensors, other reductions (bitwise, PREMUL_SUM) and an empty receive from any
-source. Not done: tags (ignored: sends and receives between two ranks match in order). isend
+(reductions; the others move any dtype), and split_group; all_reduce of sparse COO tensors
+(SUM, any dtype: DDP's sparse gradients), as gloo's. Refused with an error that says so:
+sparse tensors in other operations, other reductions (bitwise, PREMUL_SUM) and an empty
+receive from any source. Not done: tags (ignored: sends and receives between two ranks match in order). isend
 and irecv stay in flight together until each completes, whatever order the ranks post them in
 and however large (ferroce-coll's start_send/start_recv); an operation queued after them runs
 once they are done. Strided tensors of any shape and strides work (a non-contiguous one goes

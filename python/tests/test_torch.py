@@ -18,6 +18,7 @@ torch = require_module("torch", "scripts/test-python.sh installs it unless FERRO
 import _abort_ranks  # noqa: E402
 import _fsdp_ranks  # noqa: E402
 import _p2p_ranks  # noqa: E402
+import _sparse_ranks  # noqa: E402
 import _split_ranks  # noqa: E402
 import _torch_ranks  # noqa: E402
 
@@ -126,6 +127,26 @@ def test_ddp_on_ferroce_and_gloo_ends_with_the_same_weights():
     torch.manual_seed(1234)
     init = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     assert not (init.state_dict()["0.weight"].numpy() == ref["0.weight"]).all()
+
+
+def test_all_reduce_of_sparse_tensors_sums_them_as_gloo_does():
+    for rank, bad in run_ranks(_sparse_ranks.all_reduce, 3):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
+def test_ddp_with_sparse_gradients_on_ferroce_ends_with_gloos_weights():
+    """An nn.Embedding(sparse=True) under DDP: its gradients are sparse all_reduces. With 2
+    ranks every sum has two terms, whose order cannot change a float's rounding, so the
+    weights agree bit for bit (3 ranks' sparse sums are checked exactly above)."""
+    states = {}
+    for backend in ("ferroce", "gloo"):
+        for rank, b, state, err in run_ranks(_sparse_ranks.ddp_embedding, 2, backend, 4):
+            assert err is None, f"{b} rank {rank}: {err}"
+            states[(b, rank)] = state
+    ref = states[("gloo", 0)]
+    for key, state in states.items():
+        for name, w in state.items():
+            assert (w == ref[name]).all(), f"{key}: {name} differs from gloo rank 0's"
 
 
 @pytest.mark.parametrize("size,bf16", [(2, False), (2, True), (4, False)])
@@ -239,7 +260,6 @@ SUITE_EXPLAINED = {
                         "the test checks that get_backend() names the backend it asked for",
     "test_ddp_logging_data_cpu": "DDP's logger names a third-party backend 'custom' (torch's "
                                  "ProcessGroup says so), where the test expects get_backend()",
-    "test_sparse_all_reduce_sum": "sparse tensors are not supported (ValueError)",
 }
 
 

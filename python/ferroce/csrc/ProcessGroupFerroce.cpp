@@ -418,6 +418,9 @@ class ProcessGroupFerroce : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts) override {
+    if (!tensors.empty() && tensors[0].layout() == at::kSparse) {
+      return allreduceSparse(tensors, opts);
+    }
     checkCpu(tensors);
     uint32_t op = opCode(opts.reduceOp);
     for (const auto& t : tensors) {
@@ -427,6 +430,36 @@ class ProcessGroupFerroce : public c10d::Backend {
                    [this, tensors, op]() mutable {
                      for (auto& t : tensors) {
                        allreduceOne(t, op);
+                     }
+                   });
+  }
+
+  // gloo's all_reduce of sparse COO tensors (DDP's sparse gradients, an
+  // nn.Embedding(sparse=True)'s, say), SUM only as gloo's: every rank's indices and values go
+  // to every rank, which sums them all in rank order, so each ends with the same coalesced
+  // tensor, put in place of its own.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) {
+    for (const auto& t : tensors) {
+      if (!t.device().is_cpu()) {
+        C10_THROW_ERROR(ValueError,
+                        "the ferroce backend takes CPU tensors, not " + t.device().str());
+      }
+      TORCH_CHECK_VALUE(t.layout() == at::kSparse,
+                        "all_reduce: sparse and dense tensors cannot be reduced together");
+    }
+    TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
+                      "ferroce reduces sparse tensors with SUM only (as gloo does)");
+    return enqueue(c10d::OpType::ALLREDUCE, "ferroce:sparse_all_reduce", tensors, opts.timeout,
+                   [this, tensors]() mutable {
+                     auto sum = tensors[0];
+                     for (size_t i = 1; i < tensors.size(); i++) {
+                       sum = sum + tensors[i];
+                     }
+                     auto out = sparseSum(sum.coalesce());
+                     for (auto& t : tensors) {
+                       t.copy_(out);
                      }
                    });
   }
@@ -1374,6 +1407,63 @@ class ProcessGroupFerroce : public c10d::Backend {
     auto c = contiguous(t);
     call(api_->allreduce(comm_, c.data_ptr(), c.nbytes(), dtypeCode(c), op, err_, sizeof err_));
     writeBack(t, c);
+  }
+
+  // The sum over ranks of each rank's coalesced sparse `mine`, coalesced. The ranks first
+  // compare what they hold (dimensions, dtype, shape), so that a mismatch fails every rank
+  // alike instead of gathering blocks of different lengths; then each rank's indices and
+  // values, padded to the largest count, go to all.
+  at::Tensor sparseSum(const at::Tensor& mine) {
+    auto i64 = at::TensorOptions().dtype(at::kLong);
+    int64_t nnz = mine._nnz();
+    auto head = at::tensor({mine.dim(), mine.sparse_dim(), mine.dense_dim(),
+                            static_cast<int64_t>(mine.scalar_type()), nnz}, i64);
+    auto heads = at::empty({size_, head.numel()}, i64);
+    allgatherInto(head, heads);
+    auto alike = [&](const at::Tensor& rows, int64_t cols) {
+      return rows.narrow(1, 0, cols).eq(rows[rank_].narrow(0, 0, cols)).all().item<bool>();
+    };
+    TORCH_CHECK_VALUE(alike(heads, 4),
+                      "all_reduce: the ranks' sparse tensors differ in dimensions or dtype");
+    auto shape = at::tensor(mine.sizes(), i64);
+    auto shapes = at::empty({size_, shape.numel()}, i64);
+    if (shape.numel() > 0) {
+      allgatherInto(shape, shapes);
+    }
+    TORCH_CHECK_VALUE(alike(shapes, shape.numel()),
+                      "all_reduce: the ranks' sparse tensors differ in shape");
+    auto counts = heads.select(1, 4);
+    int64_t most = counts.max().item<int64_t>();
+    if (most == 0) {
+      return mine.clone();
+    }
+    auto indices = at::zeros({mine.sparse_dim(), most}, i64);
+    indices.narrow(1, 0, nnz).copy_(mine._indices());
+    std::vector<int64_t> valueShape{most};
+    auto valueSizes = mine._values().sizes();
+    valueShape.insert(valueShape.end(), valueSizes.begin() + 1, valueSizes.end());
+    auto values = at::zeros(valueShape, mine._values().options());
+    values.narrow(0, 0, nnz).copy_(mine._values());
+    std::vector<int64_t> gatheredShape{size_};
+    gatheredShape.insert(gatheredShape.end(), valueShape.begin(), valueShape.end());
+    auto allIndices = at::empty({size_, mine.sparse_dim(), most}, i64);
+    auto allValues = at::empty(gatheredShape, values.options());
+    allgatherInto(indices, allIndices);
+    allgatherInto(values, allValues);
+    // Summed as gloo sums them (rank by rank, then coalesced), so that the two backends
+    // round alike.
+    at::Tensor sum;
+    for (int64_t r = 0; r < size_; r++) {
+      int64_t n = counts[r].item<int64_t>();
+      TORCH_CHECK(n >= 0 && n <= most, "ferroce: a rank sent a bad sparse count");
+      auto idx = allIndices[r].narrow(1, 0, n);
+      auto val = allValues[r].narrow(0, 0, n);
+      // A peer's indices are checked against the shape before they are used.
+      at::_validate_sparse_coo_tensor_args(idx, val, mine.sizes());
+      auto part = at::sparse_coo_tensor(idx, val, mine.sizes(), mine.options());
+      sum = r == 0 ? part : sum + part;
+    }
+    return sum.coalesce();
   }
 
   void allgatherInto(const at::Tensor& in, at::Tensor& out) {
