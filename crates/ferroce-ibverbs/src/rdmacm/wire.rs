@@ -232,8 +232,10 @@ pub(super) fn manager(dev: Device, ip: IpAddr) -> Option<&'static WireCm> {
         next_sidr: std::sync::atomic::AtomicU32::new(1),
     }));
     let manager = CmManager::new(gid, guid, random_psn() << 8 | 1);
-    let agent = CmAgent::start(manager, Box::new(port), Box::new(move |e| cm.on_event(e))).ok()?;
-    let _ = cm.agent.set(agent);
+    // Held until `cm` has its agent: a REQ that comes first is answered then, not dropped.
+    let agent =
+        CmAgent::start_held(manager, Box::new(port), Box::new(move |e| cm.on_event(e))).ok()?;
+    cm.agent.get_or_init(|| agent).release();
     all.push((dev.ctx as usize, cm));
     Some(cm)
 }

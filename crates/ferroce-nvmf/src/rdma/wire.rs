@@ -192,7 +192,8 @@ impl Server {
         // The agent's callback holds the state weakly: the state owns the agent, and the
         // listener's end drops both.
         let sink_state = Arc::downgrade(&state);
-        let agent = CmAgent::start(
+        // Held until the state has its agent: a REQ that comes first is answered then.
+        let agent = CmAgent::start_held(
             manager,
             Box::new(gsi),
             Box::new(move |e| {
@@ -201,7 +202,7 @@ impl Server {
                 }
             }),
         )?;
-        let _ = state.agent.set(agent);
+        state.agent.get_or_init(|| agent).release();
         Ok(WireListener { state })
     }
 }

@@ -6,7 +6,10 @@
 //! callback given at start. Application commands run on the caller's thread through
 //! [`CmAgent::command`], which sends what they queued before it returns; they never produce
 //! events, so every event is delivered by the one thread, in order, with no lock held (the
-//! callback may issue commands).
+//! callback may issue commands). An owner whose callback needs the agent itself (to answer a
+//! REQ) starts it held ([`CmAgent::start_held`]): the manager keeps what arrives until
+//! [`CmAgent::release`], so an event that comes before the owner has stored its agent waits
+//! for it instead of finding no one to answer it.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +40,8 @@ struct Inner {
     port: Box<dyn MadPort>,
     sink: EventSink,
     stop: AtomicBool,
+    /// Whether events go to the sink yet (the manager keeps them until then).
+    delivering: AtomicBool,
 }
 
 /// A running CM: its manager, QP1 and thread. Stops when dropped.
@@ -91,8 +96,10 @@ impl Inner {
                     m.handle_timeout(now);
                 }
                 self.flush(&mut m);
-                while let Some(e) = m.poll_event() {
-                    events.push(e);
+                if self.delivering.load(Ordering::Acquire) {
+                    while let Some(e) = m.poll_event() {
+                        events.push(e);
+                    }
                 }
             }
             for e in events {
@@ -109,11 +116,37 @@ impl CmAgent {
         port: Box<dyn MadPort>,
         sink: EventSink,
     ) -> io::Result<CmAgent> {
+        Self::spawn(manager, port, sink, true)
+    }
+
+    /// [`Self::start`], with the events held until [`Self::release`]: MADs are taken, answered
+    /// by the manager's own rules and retried meanwhile, and the events they raise wait.
+    pub fn start_held(
+        manager: CmManager,
+        port: Box<dyn MadPort>,
+        sink: EventSink,
+    ) -> io::Result<CmAgent> {
+        Self::spawn(manager, port, sink, false)
+    }
+
+    /// Lets the events go to the sink, those held first, in order (within the thread's next
+    /// wait, at most 50 ms).
+    pub fn release(&self) {
+        self.inner.delivering.store(true, Ordering::Release);
+    }
+
+    fn spawn(
+        manager: CmManager,
+        port: Box<dyn MadPort>,
+        sink: EventSink,
+        delivering: bool,
+    ) -> io::Result<CmAgent> {
         let inner = Arc::new(Inner {
             manager: Mutex::new(manager),
             port,
             sink,
             stop: AtomicBool::new(false),
+            delivering: AtomicBool::new(delivering),
         });
         let run = inner.clone();
         let thread = crate::os::spawn_without_signals(

@@ -512,10 +512,9 @@ impl super::agent::MadPort for MemPort {
     }
 }
 
-#[test]
-fn agent_threads_drive_a_connection_and_its_retries() {
-    use super::agent::CmAgent;
-    use std::sync::mpsc::{channel, Receiver};
+/// Two ends of an in-memory QP1 link between A and B; A's first `a_drops` MADs are lost.
+fn mem_link(a_drops: usize) -> (MemPort, MemPort) {
+    use std::sync::mpsc::channel;
     let (to_b, from_a) = channel();
     let (to_a, from_b) = channel();
     let port = |me, tx, rx, drop_first| MemPort {
@@ -524,30 +523,21 @@ fn agent_threads_drive_a_connection_and_its_retries() {
         rx: std::sync::Mutex::new(rx),
         drop_first: std::sync::atomic::AtomicUsize::new(drop_first),
     };
-    // A's first MAD (its REQ) is lost: A's thread must send it again on its own.
-    let (events_a, seen_a) = channel();
-    let (events_b, seen_b) = channel();
-    let a = CmAgent::start(
-        CmManager::new(A, 1, 0x5000),
-        Box::new(port(A, to_b, from_b, 1)),
-        Box::new(move |e| {
-            let _ = events_a.send(e);
-        }),
-    )
-    .unwrap();
-    let mut mb = CmManager::new(B, 2, 0x1000);
-    mb.listen(service_id(port_space::TCP, 1)).unwrap();
-    let b = CmAgent::start(
-        mb,
-        Box::new(port(B, to_a, from_a, 0)),
-        Box::new(move |e| {
-            let _ = events_b.send(e);
-        }),
-    )
-    .unwrap();
-    let next = |r: &Receiver<CmEvent>| r.recv_timeout(Duration::from_secs(10)).expect("an event");
-    let started = Instant::now();
-    let params = ConnectParams {
+    (port(A, to_b, from_b, a_drops), port(B, to_a, from_a, 0))
+}
+
+/// A sink that forwards every event to the receiver it returns.
+fn event_channel() -> (super::agent::EventSink, std::sync::mpsc::Receiver<CmEvent>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink: super::agent::EventSink = Box::new(move |e| {
+        let _ = tx.send(e);
+    });
+    (sink, rx)
+}
+
+/// A's REQ to B's service 1.
+fn params_to_b() -> ConnectParams {
+    ConnectParams {
         dest_gid: B,
         local_gid: None,
         service_id: service_id(port_space::TCP, 1),
@@ -562,9 +552,27 @@ fn agent_threads_drive_a_connection_and_its_retries() {
         srq: false,
         ece: (0, 0),
         private_data: Vec::new(),
-    };
-    let conn_a = a.command(|m, now| m.connect(now, params)).unwrap();
-    let CmEvent::Request { conn: conn_b, .. } = next(&seen_b) else {
+    }
+}
+
+fn next_event(r: &std::sync::mpsc::Receiver<CmEvent>) -> CmEvent {
+    r.recv_timeout(Duration::from_secs(10)).expect("an event")
+}
+
+#[test]
+fn agent_threads_drive_a_connection_and_its_retries() {
+    use super::agent::CmAgent;
+    // A's first MAD (its REQ) is lost: A's thread must send it again on its own.
+    let (port_a, port_b) = mem_link(1);
+    let (sink_a, seen_a) = event_channel();
+    let (sink_b, seen_b) = event_channel();
+    let a = CmAgent::start(CmManager::new(A, 1, 0x5000), Box::new(port_a), sink_a).unwrap();
+    let mut mb = CmManager::new(B, 2, 0x1000);
+    mb.listen(service_id(port_space::TCP, 1)).unwrap();
+    let b = CmAgent::start(mb, Box::new(port_b), sink_b).unwrap();
+    let started = Instant::now();
+    let conn_a = a.command(|m, now| m.connect(now, params_to_b())).unwrap();
+    let CmEvent::Request { conn: conn_b, .. } = next_event(&seen_b) else {
         panic!("a request")
     };
     assert!(
@@ -582,13 +590,58 @@ fn agent_threads_drive_a_connection_and_its_retries() {
         )
     })
     .unwrap();
-    let CmEvent::Reply { conn, rep, .. } = next(&seen_a) else {
+    let CmEvent::Reply { conn, rep, .. } = next_event(&seen_a) else {
         panic!("a reply")
     };
     assert_eq!((conn, rep.local_qpn), (conn_a, 0x33));
     a.command(|m, _| m.ready_to_use(conn_a, &[])).unwrap();
-    assert_eq!(next(&seen_b), CmEvent::Established { conn: conn_b });
+    assert_eq!(next_event(&seen_b), CmEvent::Established { conn: conn_b });
     a.command(|m, now| m.disconnect(now, conn_a, &[])).unwrap();
-    assert_eq!(next(&seen_b), CmEvent::Disconnected { conn: conn_b });
-    assert_eq!(next(&seen_a), CmEvent::Disconnected { conn: conn_a });
+    assert_eq!(next_event(&seen_b), CmEvent::Disconnected { conn: conn_b });
+    assert_eq!(next_event(&seen_a), CmEvent::Disconnected { conn: conn_a });
+}
+
+#[test]
+fn a_held_agent_keeps_a_request_that_came_first_until_released() {
+    use super::agent::CmAgent;
+    let (port_a, port_b) = mem_link(0);
+    let (sink_a, seen_a) = event_channel();
+    let (sink_b, seen_b) = event_channel();
+    let a = CmAgent::start(CmManager::new(A, 1, 0x5000), Box::new(port_a), sink_a).unwrap();
+    let mut mb = CmManager::new(B, 2, 0x1000);
+    mb.listen(service_id(port_space::TCP, 1)).unwrap();
+    let b = CmAgent::start_held(mb, Box::new(port_b), sink_b).unwrap();
+    let conn_a = a.command(|m, now| m.connect(now, params_to_b())).unwrap();
+    // B's manager takes the REQ while held...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.command(|m, _| m.connections()) == 0 {
+        assert!(Instant::now() < deadline, "B never took the REQ");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // ...and keeps its event back, however long its owner takes to be ready.
+    assert!(seen_b.recv_timeout(Duration::from_millis(200)).is_err());
+    b.release();
+    let released = Instant::now();
+    let CmEvent::Request { conn: conn_b, .. } = next_event(&seen_b) else {
+        panic!("the request, once released")
+    };
+    assert!(
+        released.elapsed() < cm_time(RESPONSE_TIMEOUT),
+        "the first REQ's event, not a retry's"
+    );
+    b.command(|m, now| {
+        m.accept(
+            now,
+            conn_b,
+            AcceptParams {
+                qpn: 0x33,
+                ..Default::default()
+            },
+        )
+    })
+    .unwrap();
+    let CmEvent::Reply { conn, .. } = next_event(&seen_a) else {
+        panic!("a reply")
+    };
+    assert_eq!(conn, conn_a);
 }
