@@ -559,26 +559,35 @@ fn next_event(r: &std::sync::mpsc::Receiver<CmEvent>) -> CmEvent {
     r.recv_timeout(Duration::from_secs(10)).expect("an event")
 }
 
-#[test]
-fn agent_threads_drive_a_connection_and_its_retries() {
+/// A's agent and B's (listening on service 1, held if `hold_b`), over an in-memory link on
+/// which A's first `a_drops` MADs are lost; each with the receiver of its events.
+fn two_agents(
+    a_drops: usize,
+    hold_b: bool,
+) -> (
+    super::agent::CmAgent,
+    std::sync::mpsc::Receiver<CmEvent>,
+    super::agent::CmAgent,
+    std::sync::mpsc::Receiver<CmEvent>,
+) {
     use super::agent::CmAgent;
-    // A's first MAD (its REQ) is lost: A's thread must send it again on its own.
-    let (port_a, port_b) = mem_link(1);
+    let (port_a, port_b) = mem_link(a_drops);
     let (sink_a, seen_a) = event_channel();
     let (sink_b, seen_b) = event_channel();
     let a = CmAgent::start(CmManager::new(A, 1, 0x5000), Box::new(port_a), sink_a).unwrap();
     let mut mb = CmManager::new(B, 2, 0x1000);
     mb.listen(service_id(port_space::TCP, 1)).unwrap();
-    let b = CmAgent::start(mb, Box::new(port_b), sink_b).unwrap();
-    let started = Instant::now();
-    let conn_a = a.command(|m, now| m.connect(now, params_to_b())).unwrap();
-    let CmEvent::Request { conn: conn_b, .. } = next_event(&seen_b) else {
-        panic!("a request")
+    let start = if hold_b {
+        CmAgent::start_held
+    } else {
+        CmAgent::start
     };
-    assert!(
-        started.elapsed() >= cm_time(RESPONSE_TIMEOUT),
-        "the REQ came again, after its wait"
-    );
+    let b = start(mb, Box::new(port_b), sink_b).unwrap();
+    (a, seen_a, b, seen_b)
+}
+
+/// B accepts `conn_b` with QPN 0x33.
+fn accept_as_b(b: &super::agent::CmAgent, conn_b: ConnId) {
     b.command(|m, now| {
         m.accept(
             now,
@@ -590,6 +599,22 @@ fn agent_threads_drive_a_connection_and_its_retries() {
         )
     })
     .unwrap();
+}
+
+#[test]
+fn agent_threads_drive_a_connection_and_its_retries() {
+    // A's first MAD (its REQ) is lost: A's thread must send it again on its own.
+    let (a, seen_a, b, seen_b) = two_agents(1, false);
+    let started = Instant::now();
+    let conn_a = a.command(|m, now| m.connect(now, params_to_b())).unwrap();
+    let CmEvent::Request { conn: conn_b, .. } = next_event(&seen_b) else {
+        panic!("a request")
+    };
+    assert!(
+        started.elapsed() >= cm_time(RESPONSE_TIMEOUT),
+        "the REQ came again, after its wait"
+    );
+    accept_as_b(&b, conn_b);
     let CmEvent::Reply { conn, rep, .. } = next_event(&seen_a) else {
         panic!("a reply")
     };
@@ -603,14 +628,7 @@ fn agent_threads_drive_a_connection_and_its_retries() {
 
 #[test]
 fn a_held_agent_keeps_a_request_that_came_first_until_released() {
-    use super::agent::CmAgent;
-    let (port_a, port_b) = mem_link(0);
-    let (sink_a, seen_a) = event_channel();
-    let (sink_b, seen_b) = event_channel();
-    let a = CmAgent::start(CmManager::new(A, 1, 0x5000), Box::new(port_a), sink_a).unwrap();
-    let mut mb = CmManager::new(B, 2, 0x1000);
-    mb.listen(service_id(port_space::TCP, 1)).unwrap();
-    let b = CmAgent::start_held(mb, Box::new(port_b), sink_b).unwrap();
+    let (a, seen_a, b, seen_b) = two_agents(0, true);
     let conn_a = a.command(|m, now| m.connect(now, params_to_b())).unwrap();
     // B's manager takes the REQ while held...
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -629,17 +647,7 @@ fn a_held_agent_keeps_a_request_that_came_first_until_released() {
         released.elapsed() < cm_time(RESPONSE_TIMEOUT),
         "the first REQ's event, not a retry's"
     );
-    b.command(|m, now| {
-        m.accept(
-            now,
-            conn_b,
-            AcceptParams {
-                qpn: 0x33,
-                ..Default::default()
-            },
-        )
-    })
-    .unwrap();
+    accept_as_b(&b, conn_b);
     let CmEvent::Reply { conn, .. } = next_event(&seen_a) else {
         panic!("a reply")
     };
