@@ -23,8 +23,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+from _launch import run_ranks
 
 A, B = "ftrain-a", "ftrain-b"
 ADDR_A, ADDR_B = "10.214.0.1", "10.214.0.2"
@@ -113,33 +114,16 @@ def run_once(args, setup, mode, backend):
     else:
         size, master = int(setup), "127.0.0.1"
         prefixes = [[] for _ in range(size)]
-    procs = []
-    for rank in range(size):
-        e = dict(env, RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=master,
-                 MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-        # Output to files, so that the ranks can be watched without reading their pipes.
-        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        procs.append((subprocess.Popen(prefixes[rank] + [sys.executable, __file__], env=e,
-                                       stdout=out, stderr=err, text=True), out, err))
-    # A rank that fails leaves the others waiting on it: end them at once, not at the timeout.
-    deadline = time.monotonic() + args.timeout
-    while any(p.poll() is None for p, _, _ in procs):
-        if time.monotonic() > deadline or any(p.poll() for p, _, _ in procs):
-            for p, _, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-            break
-        time.sleep(0.1)
-    outs = []
-    for p, out, err in procs:
-        p.wait()
-        out.seek(0)
-        err.seek(0)
-        outs.append((out.read(), err.read()))
-    if any(p.returncode for p, _, _ in procs):
-        sys.stderr.write(f"{setup} {mode} {backend} failed:\n" +
-                         "\n".join(err[-2000:] for _, err in outs))
+    envs = [dict(env, RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR=master,
+                 MASTER_PORT=str(port), LOCAL_RANK=str(rank)) for rank in range(size)]
+    ranks = run_ranks([prefixes[rank] + [sys.executable, __file__] for rank in range(size)],
+                      envs, args.timeout)
+    if any(code for code, _, _ in ranks):
+        sys.stderr.write(f"{setup} {mode} {backend} failed (exit codes "
+                         f"{[code for code, _, _ in ranks]}):\n" +
+                         "\n".join(err[-2000:] for _, _, err in ranks))
         return None
+    outs = [(out, err) for _, out, err in ranks]
     got = json.loads(outs[0][0].strip().splitlines()[-1])
     if not got["same_weights"]:
         sys.stderr.write(f"{setup} {mode} {backend}: ranks ended with different weights\n")

@@ -6,7 +6,8 @@ the CPU tensors, NCCL the CUDA ones, in one job.
 This is the check the test command cannot make: CI has no GPU (its tests route
 ``"cpu:ferroce,cuda:gloo"`` instead). Every rank shares GPU 0 (the machines lent here have
 one): NCCL refuses two ranks on one GPU of one host, so each rank gets an ``NCCL_HOSTID`` of
-its own and NCCL joins them as if on hosts of their own, over its socket transport. Each rank
+its own and NCCL joins them as if on hosts of their own (``run.sh`` keeps it on its socket
+transport over loopback: ``NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo``). Each rank
 checks, and rank 0 prints one line per check and ``ALL PASSED`` or the failures (exit 1):
 
 1. torch routes the group's CPU tensors to ``ProcessGroupFerroce`` and its CUDA tensors to
@@ -29,8 +30,10 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from _launch import run_ranks  # noqa: E402
 
 STEPS, BATCH, WIDTH = 6, 16, 256
 
@@ -227,23 +230,21 @@ def close_to(model, ref_params, check, label):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--timeout", type=float, default=150.0,
+                    help="seconds before every rank is ended (default 150)")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for rank in range(args.ranks):
-        env = dict(os.environ, MIXED_RANK_MAIN="1", RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   NCCL_HOSTID=f"ferroce-mixed-rank-{rank}")
-        procs.append(subprocess.Popen([sys.executable, __file__], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=args.timeout) for p in procs]
-    if any(p.returncode for p in procs):
-        for rank, (p, (_, err)) in enumerate(zip(procs, outs)):
-            print(f"rank {rank} exited {p.returncode}:\n{err[-3000:]}")
+    envs = [dict(os.environ, MIXED_RANK_MAIN="1", RANK=str(rank), LOCAL_RANK=str(rank),
+                 WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 NCCL_HOSTID=f"ferroce-mixed-rank-{rank}") for rank in range(args.ranks)]
+    ranks = run_ranks([[sys.executable, __file__]] * args.ranks, envs, args.timeout)
+    if any(code for code, _, _ in ranks):
+        for rank, (code, _, err) in enumerate(ranks):
+            print(f"rank {rank} exited {code}{' (killed)' if code < 0 else ''}:\n{err[-3000:]}")
         sys.exit(1)
+    outs = [(out, err) for _, out, err in ranks]
     every = json.loads(outs[0][0].strip().splitlines()[-1])
     failed = 0
     for rank, results in enumerate(every):

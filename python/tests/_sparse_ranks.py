@@ -44,7 +44,8 @@ def uneven_tensor(rank, size):
 def all_reduce(rank, size, port, results):
     """Each case's result must be coalesced and equal the dense sum of every rank's tensor,
     exactly (the values are integers), on every rank; a call with async_op gives the same
-    through its future; other reductions and mismatched shapes are refused on every rank."""
+    through its future; no entries anywhere give an empty tensor; other reductions, and dtypes
+    or shapes that differ between ranks, are refused on every rank."""
     import torch
     import torch.distributed as dist
 
@@ -80,6 +81,20 @@ def all_reduce(rank, size, port, results):
         except ValueError as err:
             if "SUM only" not in str(err):
                 bad.append(f"MAX refused with {err}")
+        # No entries on any rank: an empty sum, and nothing gathered beyond the counts.
+        none = torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.long), torch.zeros(0),
+                                       (6, 5))
+        dist.all_reduce(none)
+        if not none.is_sparse or none._nnz() != 0 or none.shape != (6, 5):
+            bad.append(f"no entries anywhere: {none}")
+        # A dtype that differs between ranks fails every rank alike.
+        other = rank_tensor(rank, size, torch.float64 if rank == 0 else torch.float32)
+        try:
+            dist.all_reduce(other)
+            bad.append("dtypes differing between ranks were accepted")
+        except ValueError as err:
+            if "differ in dimensions or dtype" not in str(err):
+                bad.append(f"different dtypes refused with {err}")
         # Shapes that differ between ranks fail every rank, and the group goes on.
         odd = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]),
                                       (6, 5 + rank))

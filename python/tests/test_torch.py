@@ -135,7 +135,7 @@ def test_ddp_on_ferroce_and_gloo_ends_with_the_same_weights():
     assert not (init.state_dict()["0.weight"].numpy() == ref["0.weight"]).all()
 
 
-def test_all_reduce_of_sparse_tensors_sums_them_as_gloo_does():
+def test_all_reduce_of_sparse_tensors_gives_every_rank_the_coalesced_sum():
     for rank, bad in run_ranks(_sparse_ranks.all_reduce, 3):
         assert bad == [], f"rank {rank}: {bad}"
 

@@ -448,6 +448,13 @@ class ProcessGroupFerroce : public c10d::Backend {
       }
       TORCH_CHECK_VALUE(t.layout() == at::kSparse,
                         "all_reduce: sparse and dense tensors cannot be reduced together");
+      // Checked here, on the caller's thread: a sum that failed on the worker would fail this
+      // rank alone, and leave the others waiting in the gathers.
+      TORCH_CHECK_VALUE(t.sizes() == tensors[0].sizes() &&
+                            t.scalar_type() == tensors[0].scalar_type() &&
+                            t.sparse_dim() == tensors[0].sparse_dim() &&
+                            t.dense_dim() == tensors[0].dense_dim(),
+                        "all_reduce: sparse tensors of one call must agree in shape and dtype");
     }
     TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
                       "ferroce reduces sparse tensors with SUM only (as gloo does)");
@@ -1450,8 +1457,7 @@ class ProcessGroupFerroce : public c10d::Backend {
     auto allValues = at::empty(gatheredShape, values.options());
     allgatherInto(indices, allIndices);
     allgatherInto(values, allValues);
-    // Summed as gloo sums them (rank by rank, then coalesced), so that the two backends
-    // round alike.
+    // Summed in gloo's order: rank by rank, then coalesced.
     at::Tensor sum;
     for (int64_t r = 0; r < size_; r++) {
       int64_t n = counts[r].item<int64_t>();

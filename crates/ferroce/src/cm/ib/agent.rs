@@ -185,7 +185,12 @@ impl Drop for CmAgent {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The agent may be dropped on its own thread, by a callback holding the last
+            // reference to its owner: that thread cannot join itself (EDEADLK, a panic), and
+            // it ends by itself once the callback returns and it sees `stop`.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }

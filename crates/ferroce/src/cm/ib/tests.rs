@@ -645,11 +645,46 @@ fn a_held_agent_keeps_a_request_that_came_first_until_released() {
     };
     assert!(
         released.elapsed() < cm_time(RESPONSE_TIMEOUT),
-        "the first REQ's event, not a retry's"
+        "the held event goes out within the thread's next wait once released"
     );
     accept_as_b(&b, conn_b);
     let CmEvent::Reply { conn, .. } = next_event(&seen_a) else {
         panic!("a reply")
     };
     assert_eq!(conn, conn_a);
+}
+
+#[test]
+fn an_agent_dropped_by_its_own_callback_lets_the_callback_finish() {
+    use super::agent::CmAgent;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let (port_a, port_b) = mem_link(0);
+    let (sink_a, _seen_a) = event_channel();
+    let a = CmAgent::start(CmManager::new(A, 1, 0x5000), Box::new(port_a), sink_a).unwrap();
+    // B's owner lives only in B's callback, as a listener whose last reference the callback
+    // holds while the listener is dropped elsewhere.
+    let slot: Arc<Mutex<Option<CmAgent>>> = Arc::new(Mutex::new(None));
+    let finished = Arc::new(AtomicBool::new(false));
+    let (owner, done) = (slot.clone(), finished.clone());
+    let mut mb = CmManager::new(B, 2, 0x1000);
+    mb.listen(service_id(port_space::TCP, 1)).unwrap();
+    let b = CmAgent::start_held(
+        mb,
+        Box::new(port_b),
+        Box::new(move |_| {
+            let agent = owner.lock().unwrap().take();
+            drop(agent);
+            done.store(true, Ordering::Release);
+        }),
+    )
+    .unwrap();
+    slot.lock().unwrap().get_or_insert(b).release();
+    a.command(|m, now| m.connect(now, params_to_b())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !finished.load(Ordering::Acquire) {
+        assert!(Instant::now() < deadline, "the callback never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(slot.lock().unwrap().is_none());
 }
