@@ -75,35 +75,28 @@ def all_reduce(rank, size, port, results):
         dist.all_reduce(mixed)
         if not torch.equal(mixed.to_dense(), want) or mixed._nnz() != (want != 0).sum():
             bad.append(f"counts differing by rank: {mixed.to_dense().tolist()}")
-        try:
-            dist.all_reduce(rank_tensor(rank, size, torch.float32), op=dist.ReduceOp.MAX)
-            bad.append("MAX of sparse tensors was accepted")
-        except ValueError as err:
-            if "SUM only" not in str(err):
-                bad.append(f"MAX refused with {err}")
+        def refused(what, said, *args, **kwargs):
+            try:
+                dist.all_reduce(*args, **kwargs)
+                bad.append(f"{what} was accepted")
+            except ValueError as err:
+                if said not in str(err):
+                    bad.append(f"{what} refused with {err}")
+
+        refused("MAX of sparse tensors", "SUM only", rank_tensor(rank, size, torch.float32),
+                op=dist.ReduceOp.MAX)
         # No entries on any rank: an empty sum, and nothing gathered beyond the counts.
         none = torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.long), torch.zeros(0),
                                        (6, 5))
         dist.all_reduce(none)
         if not none.is_sparse or none._nnz() != 0 or none.shape != (6, 5):
             bad.append(f"no entries anywhere: {none}")
-        # A dtype that differs between ranks fails every rank alike.
-        other = rank_tensor(rank, size, torch.float64 if rank == 0 else torch.float32)
-        try:
-            dist.all_reduce(other)
-            bad.append("dtypes differing between ranks were accepted")
-        except ValueError as err:
-            if "differ in dimensions or dtype" not in str(err):
-                bad.append(f"different dtypes refused with {err}")
-        # Shapes that differ between ranks fail every rank, and the group goes on.
-        odd = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]),
-                                      (6, 5 + rank))
-        try:
-            dist.all_reduce(odd)
-            bad.append("shapes differing between ranks were accepted")
-        except ValueError as err:
-            if "differ in shape" not in str(err):
-                bad.append(f"different shapes refused with {err}")
+        # A dtype or a shape that differs between ranks fails every rank alike; the group goes on.
+        refused("dtypes differing between ranks", "differ in dimensions or dtype",
+                rank_tensor(rank, size, torch.float64 if rank == 0 else torch.float32))
+        refused("shapes differing between ranks", "differ in shape",
+                torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]),
+                                        (6, 5 + rank)))
         d = torch.full((4,), float(rank))
         dist.all_reduce(d)
         if not torch.equal(d, torch.full((4,), float(sum(range(size))))):
