@@ -59,9 +59,8 @@ pub fn execute(ns: Option<&Namespace>, cmd: &Command, sgl_len: u32, data: &[u8])
                     if len > u64::from(sgl_len) {
                         return Response::fail(Status::SGL_LENGTH_INVALID);
                     }
-                    let mut buf = vec![0u8; len as usize];
-                    match ns.backing.read_at(offset, &mut buf) {
-                        Ok(()) => Response::ok(0, buf),
+                    match ns.backing.read_vec(offset, len as usize) {
+                        Ok(buf) => Response::ok(0, buf),
                         Err(_) => Response::fail(Status::INTERNAL_ERROR),
                     }
                 }

@@ -16,6 +16,12 @@ pub trait Backing: Send + Sync {
     }
     /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// The `len` bytes at `offset`, in a new buffer (a Read's data on its way to the host).
+    fn read_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
     /// Writes `buf` at `offset`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes what was written durable (Flush).
@@ -59,6 +65,13 @@ impl Backing for MemoryBacking {
         let at = range(offset, buf.len(), b.len())?;
         buf.copy_from_slice(&b[at]);
         Ok(())
+    }
+
+    /// One copy, where the default zeroes the buffer first and then copies into it.
+    fn read_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let b = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let at = range(offset, len, b.len())?;
+        Ok(b[at].to_vec())
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {

@@ -157,13 +157,13 @@ impl TargetQueue {
         now: Instant,
         target: &mut Target,
         tag: u16,
-        data: Option<Vec<u8>>,
+        data: Option<&[u8]>,
     ) -> Vec<Action> {
         let Some(w) = self.reading.remove(&tag) else {
             return vec![Action::Close];
         };
         match data {
-            Some(d) => self.execute(now, target, &w.cmd, w.sgl, &d),
+            Some(d) => self.execute(now, target, &w.cmd, w.sgl, d),
             None => vec![Action::Close],
         }
     }

@@ -278,7 +278,7 @@ fn run(seed: u64) {
             let at = rng.below(w.reads.len() as u64) as usize;
             let (tag, key, len) = w.reads.swap_remove(at);
             let data = w.buffers[&key][..len as usize].to_vec();
-            let actions = tq.read_done(now, &mut t, tag, Some(data));
+            let actions = tq.read_done(now, &mut t, tag, Some(&data));
             w.handle(actions);
         }
     }

@@ -56,7 +56,7 @@ impl Host {
                             let at = addr.checked_sub(*base)? as usize;
                             b.get(at..at + len as usize).map(<[u8]>::to_vec)
                         });
-                        next.extend(q.read_done(Instant::now(), t, tag, data));
+                        next.extend(q.read_done(Instant::now(), t, tag, data.as_deref()));
                     }
                     Action::Write { addr, key, data } => {
                         let (base, b) = self.mem.get_mut(&key).expect("a granted key");

@@ -87,8 +87,19 @@ impl Bounce {
         self.mr.write(self.offset(slot), data)
     }
 
-    /// `len` bytes of `slot`.
-    pub fn read(&self, slot: usize, len: usize) -> ferroce::Result<Vec<u8>> {
-        self.mr.to_vec(self.offset(slot), len)
+    /// Runs `f` on `len` bytes of `slot` where they lie (a Write's data, on its way to the
+    /// namespace without a copy of its own). The slot must be taken, with its READ complete.
+    pub fn with_slot<R>(
+        &self,
+        slot: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> ferroce::Result<R> {
+        // SAFETY: nothing writes the slot while `f` runs. The region is registered for local
+        // access alone (`alloc_mr(.., Access::LOCAL_WRITE)` above): no peer holds a key that
+        // reaches it, whatever it sends. Only this queue's thread posts work into its slots,
+        // and the caller's slot is taken and its one READ complete; it is given back, for the
+        // next transfer, only after `f` returns.
+        unsafe { self.mr.with_slice(self.offset(slot), len, f) }
     }
 }

@@ -458,13 +458,19 @@ impl RdmaQueue {
                 // A READ's completion need not carry its length (the verbs define byte_len for
                 // receives): the length asked for is kept with the slot.
                 let len = self.read_len.get(slot).copied().unwrap_or(0);
-                let data = self.bounce.read(slot, len).ok();
-                self.bounce.give(slot);
                 setup
                     .counters
                     .bytes_from_hosts
                     .fetch_add(len as u64, Ordering::Relaxed);
-                Some(tq.read_done(Instant::now(), &mut lock(&setup.target), tag, data))
+                let mut target = lock(&setup.target);
+                let actions = self
+                    .bounce
+                    .with_slot(slot, len, |data| {
+                        tq.read_done(Instant::now(), &mut target, tag, Some(data))
+                    })
+                    .unwrap_or_else(|_| tq.read_done(Instant::now(), &mut target, tag, None));
+                self.bounce.give(slot);
+                Some(actions)
             }
             wr::WRITE => {
                 self.bounce.give(slot);
