@@ -151,7 +151,7 @@ fuzz_target!(|data: &[u8]| {
                 1 => Some(vec![input.u8(); input.below(256).min(len as usize)]),
                 _ => Some(vec![input.u8(); len as usize]),
             };
-            let a = queue.q.read_done(later, &mut t, tag, data);
+            let a = queue.q.read_done(later, &mut t, tag, data.as_deref());
             check(queue, which as u16, a);
             continue;
         }
