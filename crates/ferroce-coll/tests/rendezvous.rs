@@ -234,10 +234,17 @@ fn a_rank_whose_first_connection_broke_takes_its_rank_again() {
     assert_eq!(answer(&mut first).as_deref(), Some("OK"));
     drop(first);
     std::thread::sleep(Duration::from_millis(100));
+    // Rank 2 comes only once rank 1's retry is admitted (rank 0 stores an admitted connection
+    // in the step that answers it OK). Were rank 2 first, rank 0 would find every slot
+    // filled, drop the broken one as dead, and rank 1's retry would fill an empty slot, not
+    // replace it: the count this test checks would depend on which thread ran first.
+    let (admitted, admission) = mpsc::channel();
     let r1 = std::thread::spawn(move || {
         let mut s = Store::connect_with_token(addr, 1, 3, T, None).unwrap();
+        admitted.send(()).unwrap();
         s.all_gather(b"one").unwrap()
     });
+    admission.recv_timeout(T).expect("rank 1's retry admitted");
     let r2 = std::thread::spawn(move || {
         let mut s = Store::connect_with_token(addr, 2, 3, T, None).unwrap();
         s.all_gather(b"two").unwrap()

@@ -98,8 +98,10 @@ impl Bounce {
         // SAFETY: nothing writes the slot while `f` runs. The region is registered for local
         // access alone (`alloc_mr(.., Access::LOCAL_WRITE)` above): no peer holds a key that
         // reaches it, whatever it sends. Only this queue's thread posts work into its slots,
-        // and the caller's slot is taken and its one READ complete; it is given back, for the
-        // next transfer, only after `f` returns.
+        // and the caller's slot is taken and its one READ complete: a late or repeated READ
+        // response the host sends after that is outside the requester's window and dropped
+        // before it reaches memory (ferroce-proto's "late copy is ignored" tests). The slot is
+        // given back, for the next transfer, only after `f` returns.
         unsafe { self.mr.with_slice(self.offset(slot), len, f) }
     }
 }
