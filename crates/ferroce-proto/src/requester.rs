@@ -810,24 +810,23 @@ impl Requester {
 
     /// Whether the next packet to send is held back by the window (not by anything else).
     fn window_blocks_next(&self, p: &Params) -> bool {
-        let limit = self.send_limit();
-        let Some(w) = self
-            .sq
+        self.sq
             .iter()
             .skip(self.cursor)
             .find(|w| w.result.is_none() && !(w.started && w.sent >= w.npsn))
-        else {
-            return false;
-        };
+            .is_some_and(|w| self.window_holds(w, p.mtu))
+    }
+
+    /// Whether the window holds back `w`'s next packet. A request not started yet starts only
+    /// if all its packets fit (up to a whole window, so that one larger than the window still
+    /// starts once the window is empty).
+    fn window_holds(&self, w: &SendWqe, mtu: u32) -> bool {
+        let limit = self.send_limit();
         if w.started {
-            return w.first_psn.add(w.sent).distance_from(self.una) >= limit;
-        }
-        let npsn = if w.wr.op.is_atomic() {
-            1
+            w.first_psn.add(w.sent).distance_from(self.una) >= limit
         } else {
-            packets_for(w.len, p.mtu)
-        };
-        self.next_psn.distance_from(self.una) + npsn.min(limit) > limit
+            self.next_psn.distance_from(self.una) + packets_of(w, mtu).min(limit) > limit
+        }
     }
 
     /// A packet that fills the window asks for an ACK only when no earlier one's is on its
@@ -1358,17 +1357,10 @@ impl Requester {
                 if rd_atomic && outstanding >= usize::from(p.max_rd_atomic) {
                     return None;
                 }
-                let npsn = if w.wr.op.is_atomic() {
-                    1
-                } else {
-                    packets_for(w.len, mtu)
-                };
-                let limit = self.send_limit();
-                if self.next_psn.distance_from(self.una) + npsn.min(limit) > limit
-                    && !self.window_probe
-                {
+                if self.window_holds(w, mtu) && !self.window_probe {
                     return None;
                 }
+                let npsn = packets_of(w, mtu);
                 let next = self.next_psn;
                 let w = &mut self.sq[i];
                 w.started = true;
@@ -1378,8 +1370,7 @@ impl Requester {
                 self.next_psn = next.add(npsn);
             }
             let w = &self.sq[i];
-            let psn = w.first_psn.add(w.sent);
-            let beyond = psn.distance_from(self.una) >= self.send_limit();
+            let beyond = self.window_holds(w, mtu);
             if beyond && !self.window_probe {
                 return None;
             }
@@ -1884,6 +1875,15 @@ fn scatter(mem: &mut dyn Memory, pd: u32, wr: &SendWr, offset: u64, data: &[u8])
         )
     })
     .map_err(|_| ())
+}
+
+/// Packets a request takes: one for an atomic, else its length in packets of `mtu`.
+fn packets_of(w: &SendWqe, mtu: u32) -> u32 {
+    if w.wr.op.is_atomic() {
+        1
+    } else {
+        packets_for(w.len, mtu)
+    }
 }
 
 #[cfg(test)]
