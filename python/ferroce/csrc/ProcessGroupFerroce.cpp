@@ -1441,6 +1441,14 @@ class ProcessGroupFerroce : public c10d::Backend {
                       "all_reduce: the ranks' sparse tensors differ in shape");
     auto counts = heads.select(1, 4);
     int64_t most = counts.max().item<int64_t>();
+    // A coalesced tensor has at most one entry per index: a count beyond that (a lying or
+    // broken peer) fails every rank alike, before anything is sized by it.
+    double places = 1;
+    for (int64_t d = 0; d < mine.sparse_dim(); d++) {
+      places *= static_cast<double>(mine.size(d));
+    }
+    TORCH_CHECK_VALUE(counts.min().item<int64_t>() >= 0 && static_cast<double>(most) <= places,
+                      "all_reduce: a rank's sparse tensor claims more entries than its shape holds");
     if (most == 0) {
       return mine.clone();
     }
